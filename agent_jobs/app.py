@@ -1,0 +1,266 @@
+"""`AgentApp`: where agents, tools, personas and roles are defined."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+from .errors import AppLoadError, ConfigurationError, UnknownAgentError
+from .messages import ModelSettings, ToolSpec
+from .models.base import Model
+from .tools import Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+QuotaSetting = int | Callable[[str], int | None] | None
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """Per-agent model options: what a request sends unless a run selects otherwise."""
+
+    provider: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = None
+    max_tokens: int | None = None
+    default_timeout: float | None = None  # seconds; None: no deadline
+
+
+@dataclass(frozen=True)
+class Persona:
+    """A voice for an agent: its prompt wraps the agent's, it may narrow the tools."""
+
+    name: str
+    prompt: str
+    tools: frozenset[str] | None = None
+
+    def wrap(self, base: str) -> str:
+        if "{system}" in self.prompt:
+            return self.prompt.replace("{system}", base)
+        return f"{self.prompt}\n\n{base}" if base else self.prompt
+
+
+@dataclass
+class AgentSpec:
+    """One agent: its model, base prompt, the tools (or agents) it may use, its limits."""
+
+    name: str
+    model: Model
+    system: str = ""
+    tools: list[str] = field(default_factory=list)
+    max_steps: int = 8
+    options: AgentOptions = field(default_factory=AgentOptions)
+    description: str = ""
+
+    def model_settings(self) -> ModelSettings:
+        return ModelSettings(
+            model=self.options.model,
+            max_tokens=self.options.max_tokens,
+            reasoning_effort=self.options.reasoning_effort,
+        )
+
+
+class AgentApp:
+    """The registry of one deployment: agents, tools, personas, roles and quota."""
+
+    def __init__(
+        self,
+        roles: Mapping[str, Iterable[str]] | Roles | None = None,
+        *,
+        quota: QuotaSetting = None,
+        name: str = "agent-jobs",
+    ) -> None:
+        self.name = name
+        self.roles = RolesPolicy(roles)
+        self.registry = ToolRegistry()
+        self.agents: dict[str, AgentSpec] = {}
+        self.personas: dict[str, Persona] = {}
+        self._quota = quota
+
+    # --- definitions -----------------------------------------------------------------
+
+    @overload
+    def tool(self, fn: F) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        *,
+        kind: ToolKind = "read",
+        roles: Iterable[str] | None = None,
+        approvers: Iterable[str] | None = None,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        *,
+        kind: ToolKind = "read",
+        roles: Iterable[str] | None = None,
+        approvers: Iterable[str] | None = None,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> F | Callable[[F], F]:
+        """Register a function as a tool; its input schema comes from its signature."""
+
+        def register(handler: F) -> F:
+            self.registry.add(
+                Tool(
+                    handler,
+                    kind=kind,
+                    name=name,
+                    description=description,
+                    roles=roles,
+                    approvers=approvers,
+                )
+            )
+            return handler
+
+        return register(fn) if fn is not None else register
+
+    def agent(
+        self,
+        name: str,
+        *,
+        model: Model,
+        system: str = "",
+        tools: Sequence[str] = (),
+        max_steps: int = 8,
+        options: AgentOptions | None = None,
+        description: str = "",
+    ) -> AgentSpec:
+        """Define an agent. A name in `tools` may be a tool or another agent."""
+        if name in self.agents:
+            raise ConfigurationError(f"an agent named {name!r} is already defined")
+        if max_steps < 1:
+            raise ConfigurationError("max_steps must be at least 1")
+        if not isinstance(model, Model):
+            raise ConfigurationError(
+                f"agent {name!r}: model must be a model adapter (for example ScriptedModel)"
+            )
+        spec = AgentSpec(
+            name=name,
+            model=model,
+            system=system,
+            tools=list(tools),
+            max_steps=max_steps,
+            options=options or AgentOptions(),
+            description=description,
+        )
+        self.agents[name] = spec
+        return spec
+
+    def persona(self, name: str, prompt: str, *, tools: Iterable[str] | None = None) -> Persona:
+        """Define a persona; `persona=name` in a run request selects it."""
+        persona = Persona(name, prompt, frozenset(tools) if tools is not None else None)
+        self.personas[name] = persona
+        return persona
+
+    # --- lookups ---------------------------------------------------------------------
+
+    def get_agent(self, name: str) -> AgentSpec:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise UnknownAgentError(name, list(self.agents)) from None
+
+    def get_persona(self, name: str | None) -> Persona | None:
+        if name is None:
+            return None
+        try:
+            return self.personas[name]
+        except KeyError:
+            known = ", ".join(sorted(self.personas)) or "none"
+            raise ConfigurationError(f"unknown persona {name!r}; defined: {known}") from None
+
+    def system_prompt(self, agent: AgentSpec, persona: Persona | None) -> str:
+        """The effective system prompt: the persona wraps the agent's base prompt."""
+        return persona.wrap(agent.system) if persona else agent.system
+
+    def quota_limit(self, actor: str, default: int | None = None) -> int | None:
+        """The actor's daily token budget, or None for no budget."""
+        if self._quota is None:
+            return default
+        if callable(self._quota):
+            return self._quota(actor)
+        return self._quota
+
+    def offered_tools(self, agent: AgentSpec, actor: str, persona: Persona | None) -> list[str]:
+        """Names of the tools this actor is offered on this agent (and persona)."""
+        offered: list[str] = []
+        for name in agent.tools:
+            if persona is not None and persona.tools is not None and name not in persona.tools:
+                continue
+            if name in self.registry:
+                if self.roles.may_use(self.registry.get(name), actor):
+                    offered.append(name)
+            elif name in self.agents:
+                offered.append(name)
+        return offered
+
+    def tool_specs(self, names: Iterable[str]) -> list[ToolSpec]:
+        specs = []
+        for name in names:
+            if name in self.registry:
+                specs.append(self.registry.get(name).spec())
+            elif name in self.agents:
+                specs.append(delegation_spec(self.agents[name]))
+        return specs
+
+    def kind_of(self, name: str) -> str | None:
+        """A tool's kind; "agent" for a delegation; None when the name is unknown."""
+        if name in self.registry:
+            return self.registry.get(name).kind
+        if name in self.agents:
+            return "agent"
+        return None
+
+    def validate(self) -> None:
+        """Check that every name an agent uses is a tool or an agent."""
+        for agent in self.agents.values():
+            for name in agent.tools:
+                if name not in self.registry and name not in self.agents:
+                    raise ConfigurationError(
+                        f"agent {agent.name!r} uses {name!r}, which is neither a tool nor an agent"
+                    )
+
+
+def delegation_spec(agent: AgentSpec) -> ToolSpec:
+    return ToolSpec(
+        name=agent.name,
+        description=agent.description or f"Hand a task to the {agent.name} agent.",
+        input_schema={
+            "type": "object",
+            "properties": {"task": {"type": "string", "description": "what to do"}},
+            "required": ["task"],
+            "additionalProperties": False,
+        },
+    )
+
+
+def load_app(path: str | None) -> AgentApp:
+    """The `AgentApp` named by `module:attribute`, or the bundled demo when None."""
+    if not path:
+        from .demo import app as demo_app
+
+        return demo_app
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise AppLoadError(f"AGENT_JOBS_APP={path!r} must look like 'package.module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AppLoadError(f"AGENT_JOBS_APP={path!r}: cannot import {module_name!r}: {exc}") from exc
+    try:
+        app = getattr(module, attribute)
+    except AttributeError:
+        raise AppLoadError(f"AGENT_JOBS_APP={path!r}: {module_name} has no {attribute!r}") from None
+    if not isinstance(app, AgentApp):
+        raise AppLoadError(f"AGENT_JOBS_APP={path!r} is a {type(app).__name__}, not an AgentApp")
+    app.validate()
+    return app

@@ -1,0 +1,95 @@
+"""Recording human decisions on `action` calls: verified, first decision wins."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any, Literal
+
+from sqlalchemy import Connection
+
+from .app import AgentApp
+from .errors import DecisionRefusedError, UnknownCallError, UnknownRunError
+from .hooks import Decision
+from .messages import args_sha256, canonical_json
+from .store import journal, runs, toolcalls
+
+Recorded = Literal["recorded", "already_decided"]
+
+
+def approval_step(call_id: str) -> str:
+    """The journal row a turn waits on for a decision about `call_id`."""
+    return f"approval:{call_id}"
+
+
+def record_decision(
+    conn: Connection,
+    app: AgentApp,
+    run_id: str,
+    call_id: str,
+    decision: Decision,
+    *,
+    expected_args_sha256: str | None = None,
+) -> Recorded:
+    """Check and record `decision` in the caller's transaction.
+
+    Raises `UnknownRunError`, `UnknownCallError` or `DecisionRefusedError` (nothing is
+    written then). Returns "already_decided" when another decision came first.
+    """
+    if runs.get_run(conn, run_id) is None:
+        raise UnknownRunError(run_id)
+    call = toolcalls.get_call(conn, run_id, call_id)
+    if call is None:
+        raise UnknownCallError(run_id, call_id)
+    if call.status != "pending_approval":
+        if call.decision is not None:
+            return "already_decided"
+        raise DecisionRefusedError(
+            f"call {call_id} of run {run_id} is {call.status}, not waiting for a decision"
+        )
+    if expected_args_sha256 is not None and expected_args_sha256 != args_sha256(call.args):
+        raise DecisionRefusedError(
+            f"args_sha256 does not match the arguments of call {call_id}: "
+            "the decision was made on different arguments"
+        )
+    if call.name in app.registry:
+        tool = app.registry.get(call.name)
+        if not app.roles.may_approve(tool, decision.actor):
+            approvers = ", ".join(sorted(tool.approvers or ()))
+            raise DecisionRefusedError(
+                f"actor {decision.actor!r} may not decide on {call.name}: "
+                f"it needs one of the roles {approvers}"
+            )
+    if not toolcalls.decide(
+        conn,
+        run_id,
+        call_id,
+        decision=decision.decision,
+        actor=decision.actor,
+        reason=decision.reason,
+    ):
+        return "already_decided"
+    journal.complete(
+        conn, run_id, approval_step(call_id), state="done", result=decision.model_dump(mode="json")
+    )
+    return "recorded"
+
+
+def decision_from_call(call: Any) -> Decision | None:
+    """The decision stored on a tool-call row, if one was made."""
+    if call is None or call.decision is None:
+        return None
+    return Decision(decision=call.decision, actor=call.decided_by, reason=call.decision_reason)
+
+
+def sign(message: dict[str, Any], secret: str) -> str:
+    """Hex HMAC-SHA256 of the message without `sig`, as canonical JSON (CONTRACT §4)."""
+    body = {k: v for k, v in message.items() if k != "sig"}
+    return hmac.new(
+        secret.encode("utf-8"), canonical_json(body).encode("utf-8"), hashlib.sha256
+    ).hexdigest()
+
+
+def verify_signature(message: dict[str, Any], secret: str) -> bool:
+    sig = message.get("sig")
+    return isinstance(sig, str) and hmac.compare_digest(sig, sign(message, secret))

@@ -1,0 +1,186 @@
+"""Typed errors: one root, a sub-base per area, control-flow signals kept apart."""
+
+from __future__ import annotations
+
+
+class AgentJobsError(Exception):
+    """Root of every error this library raises on purpose."""
+
+
+# --- configuration and definitions -------------------------------------------------
+
+
+class ConfigurationError(AgentJobsError):
+    """The app, the settings or a definition is wrong; fix the configuration."""
+
+
+class AppLoadError(ConfigurationError):
+    """`AGENT_JOBS_APP` does not name an importable `AgentApp`."""
+
+
+class UnknownAgentError(AgentJobsError):
+    """A run asked for an agent the app does not define."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        listed = ", ".join(sorted(known)) or "none"
+        super().__init__(f"unknown agent {name!r}; this app defines: {listed}")
+
+
+# --- runs and the store --------------------------------------------------------------
+
+
+class StoreError(AgentJobsError):
+    """Something about stored state prevents the operation."""
+
+
+class UnknownRunError(StoreError):
+    """No run has this id."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run with id {run_id!r}; `agent-jobs runs` lists the known ones")
+
+
+class UnknownCallError(StoreError):
+    """The run has no tool call with this id."""
+
+    def __init__(self, run_id: str, call_id: str) -> None:
+        self.run_id = run_id
+        self.call_id = call_id
+        super().__init__(f"run {run_id!r} has no tool call {call_id!r}")
+
+
+class SchemaNotReadyError(StoreError):
+    """The database has not been migrated to the version this code needs."""
+
+
+class InvalidRequestError(AgentJobsError):
+    """A request from outside (a run request, a message, a decision) is malformed."""
+
+
+# --- the turn ------------------------------------------------------------------------
+
+
+class TurnError(AgentJobsError):
+    """The agent turn could not go on."""
+
+
+class QuotaExceededError(TurnError):
+    """The actor spent its daily token budget; no model call was made."""
+
+    def __init__(self, actor: str, day: str, used: int, limit: int) -> None:
+        self.actor = actor
+        self.day = day
+        self.used = used
+        self.limit = limit
+        super().__init__(
+            f"actor {actor!r} has used {used} of {limit} tokens on {day}; "
+            "the budget resets tomorrow or can be raised in the app's quota"
+        )
+
+
+class MaxStepsExceededError(TurnError):
+    """The model kept asking for tools past the agent's `max_steps`."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        super().__init__(
+            f"the model asked for tools on each of {max_steps} passes without answering; "
+            "raise max_steps on the agent or check the tools' results"
+        )
+
+
+class ModelError(TurnError):
+    """The model provider failed or answered with something unusable."""
+
+    def __init__(self, message: str, *, kind: str = "invalid_response") -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class StepFailedError(TurnError):
+    """A checkpointed step failed for good (for example after its retries ran out)."""
+
+    def __init__(self, step: str, error: str) -> None:
+        self.step = step
+        self.error = error
+        super().__init__(f"step {step!r} failed: {error}")
+
+
+class NonDeterminismError(TurnError):
+    """A replay asked for a different step than the journal recorded at that position."""
+
+    def __init__(self, seq: int, expected: str | None, got: str) -> None:
+        self.seq = seq
+        self.expected = expected
+        self.got = got
+        if expected is None:
+            where = f"step {got!r} at position {seq}, but the journal has it elsewhere"
+        else:
+            where = f"step {got!r} at position {seq}, where the journal recorded {expected!r}"
+        super().__init__(
+            f"non-deterministic replay: the loop asked for {where}. The code that resumed "
+            "this run takes a different path than the code that started it; gate the change "
+            "with hooks.patched(...)"
+        )
+
+
+# --- tools ---------------------------------------------------------------------------
+
+
+class ToolError(AgentJobsError):
+    """A tool call could not be run; fed back to the model, never a crash."""
+
+
+class UnknownToolError(ToolError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no tool named {name!r} is offered to this agent")
+
+
+class ToolNotPermittedError(ToolError):
+    def __init__(self, name: str, actor: str) -> None:
+        self.name = name
+        self.actor = actor
+        super().__init__(f"actor {actor!r} lacks a role that may run tool {name!r}")
+
+
+class ToolInputError(ToolError):
+    def __init__(self, name: str, detail: str) -> None:
+        self.name = name
+        self.detail = detail
+        super().__init__(f"arguments for tool {name!r} do not match its schema: {detail}")
+
+
+# --- approvals -----------------------------------------------------------------------
+
+
+class ApprovalError(AgentJobsError):
+    """A decision was refused; nothing was recorded."""
+
+
+class DecisionRefusedError(ApprovalError):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+# --- control flow (not failures) -----------------------------------------------------
+
+
+class ControlFlowSignal(BaseException):  # noqa: N818 - a signal, not an error
+    """Unwinds the loop on purpose; never shown to a user as a failure.
+
+    Derives from BaseException so that `except Exception` in user code cannot
+    swallow a suspend by accident.
+    """
+
+
+class Suspend(ControlFlowSignal):
+    """The durable runner parks the turn until a step result or a decision arrives."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)

@@ -1,0 +1,242 @@
+"""How each intent is carried out. Both runners execute steps here and nowhere else.
+
+Local intents run inside a transaction the caller owns (`conn`), so the journal row
+and the side effect commit together. Remote intents (a model call, a tool call) run
+outside any transaction; the caller journals their result. Frames a local step
+produces are buffered and sent only after the caller has committed, so a rolled-back
+step never shows up on the live stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import Connection
+
+from . import diagnostics
+from .app import AgentApp
+from .errors import ToolError
+from .messages import Message
+from .steps import (
+    CallVerdict,
+    Done,
+    Intent,
+    InvokeTool,
+    LoadThread,
+    ModelTurn,
+    PersistAssistant,
+    Persisted,
+    PersistToolCall,
+    PersistToolExec,
+    PersistUserMessage,
+    QuotaCheck,
+    QuotaVerdict,
+    RecordUsage,
+    SetTitle,
+    ThreadSnapshot,
+    ToolOutcome,
+)
+from .store import threads, toolcalls
+from .store import usage as usage_store
+from .stream import RunStream
+from .tools import ToolContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepEnv:
+    """What executing a step may touch: the app, the run's stream, buffered frames."""
+
+    app: AgentApp
+    stream: RunStream
+    frames: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def emit_after_commit(self, type: str, **fields: Any) -> None:
+        self.frames.append((type, fields))
+
+    def flush(self) -> None:
+        frames, self.frames = self.frames, []
+        for type, fields in frames:
+            self.stream.emit(type, **fields)
+
+    def discard(self) -> None:
+        self.frames.clear()
+
+
+# --- local steps -------------------------------------------------------------------
+
+
+def execute_local(intent: Intent, conn: Connection, env: StepEnv, step: str) -> BaseModel:
+    handler = _LOCAL.get(type(intent))
+    if handler is None:
+        raise TypeError(f"{type(intent).__name__} is not a local step")
+    return handler(intent, conn, env, step)
+
+
+def _quota_check(intent: Any, conn: Connection, env: StepEnv, step: str) -> QuotaVerdict:
+    used = usage_store.tokens_used(conn, actor=intent.actor, day=intent.day)
+    return QuotaVerdict(used=used, limit=intent.limit)
+
+
+def _persist_user(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
+    message = Message(role="user", content=intent.content)
+    return Persisted(message_id=threads.append_message(conn, intent.thread_id, intent.run_id, message))
+
+
+def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> ThreadSnapshot:
+    return ThreadSnapshot(
+        messages=threads.thread_messages(conn, intent.thread_id),
+        title=threads.thread_title(conn, intent.thread_id),
+        answered=threads.has_assistant_message(conn, intent.thread_id, before_run=None),
+    )
+
+
+def _record_usage(intent: Any, conn: Connection, env: StepEnv, step: str) -> Done:
+    usage_store.record_usage(
+        conn,
+        run_id=intent.run_id,
+        thread_id=intent.thread_id,
+        actor=intent.actor,
+        day=intent.day,
+        step=intent.step,
+        kind=intent.kind,
+        model=intent.model,
+        spent=intent.usage,
+    )
+    usage_store.bump_quota(
+        conn, actor=intent.actor, day=intent.day, tokens=intent.usage.total_tokens
+    )
+    return Done()
+
+
+def _persist_assistant(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
+    message = Message(role="assistant", content=intent.text, tool_calls=intent.tool_calls)
+    message_id = threads.append_message(conn, intent.thread_id, intent.run_id, message)
+    diagnostics.publish(
+        "assistant.message",
+        lambda: {"run_id": intent.run_id, "text": intent.text, "tool_calls": len(intent.tool_calls)},
+    )
+    return Persisted(message_id=message_id)
+
+
+def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) -> CallVerdict:
+    """Read the registry here, inside the checkpoint: a replay reads the verdict back."""
+    call = intent.call
+    app = env.app
+    kind = app.kind_of(call.name) or "read"
+    status: Any = "pending_approval" if kind == "action" else "auto_executed"
+    error: str | None = None
+    try:
+        if kind == "agent":
+            if call.name not in intent.offered:
+                raise ToolError(f"agent {call.name!r} is not offered to this agent")
+            task = call.args.get("task")
+            if not isinstance(task, str) or set(call.args) - {"task"}:
+                raise ToolError(f"delegation to {call.name!r} takes one string argument 'task'")
+        else:
+            tool = app.registry.authorize(call.name, intent.actor, app.roles, intent.offered)
+            tool.validate(call.args)
+    except ToolError as exc:
+        status, error = "failed", str(exc)
+    toolcalls.insert_call(
+        conn,
+        run_id=intent.run_id,
+        call_id=call.id,
+        thread_id=intent.thread_id,
+        name=call.name,
+        kind=kind,
+        args=call.args,
+        status=status,
+        error=error,
+    )
+    env.emit_after_commit(
+        "tool_call", call_id=call.id, tool=call.name, args=call.args, kind=kind, status=status
+    )
+    return CallVerdict(kind=kind, status=status, error=error)
+
+
+def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
+    call = intent.call
+    toolcalls.set_outcome(
+        conn, intent.run_id, call.id, status=intent.status, result=intent.result, error=intent.error
+    )
+    message = Message(
+        role="tool",
+        content=intent.content,
+        tool_call_id=call.id,
+        name=call.name,
+        is_error=intent.status != "executed",
+    )
+    message_id = threads.append_message(conn, intent.thread_id, intent.run_id, message)
+    env.emit_after_commit(
+        "tool_result",
+        call_id=call.id,
+        tool=call.name,
+        status=intent.status,
+        result=intent.result,
+        error=intent.error,
+    )
+    diagnostics.publish(
+        f"tool.{intent.status}",
+        lambda: {"run_id": intent.run_id, "call_id": call.id, "tool": call.name, "error": intent.error},
+    )
+    return Persisted(message_id=message_id)
+
+
+def _set_title(intent: Any, conn: Connection, env: StepEnv, step: str) -> Done:
+    threads.set_title(conn, intent.thread_id, intent.title)
+    return Done()
+
+
+_LOCAL: dict[type[Intent], Callable[[Any, Connection, StepEnv, str], BaseModel]] = {
+    QuotaCheck: _quota_check,
+    PersistUserMessage: _persist_user,
+    LoadThread: _load_thread,
+    RecordUsage: _record_usage,
+    PersistAssistant: _persist_assistant,
+    PersistToolCall: _persist_toolcall,
+    PersistToolExec: _persist_toolexec,
+    SetTitle: _set_title,
+}
+
+
+# --- remote steps ------------------------------------------------------------------
+
+
+def execute_remote(intent: Intent, env: StepEnv, step: str) -> BaseModel:
+    if isinstance(intent, ModelTurn):
+        return _model_turn(intent, env)
+    if isinstance(intent, InvokeTool):
+        return _invoke_tool(intent, env, step)
+    raise TypeError(f"{type(intent).__name__} is not a remote step")
+
+
+def _model_turn(intent: ModelTurn, env: StepEnv) -> BaseModel:
+    agent = env.app.get_agent(intent.request.agent)
+    return agent.model.run_turn(intent.request, env.stream)
+
+
+def _invoke_tool(intent: InvokeTool, env: StepEnv, step: str) -> ToolOutcome:
+    """Re-check role and schema at every invocation; a failure is a result, not a crash."""
+    app = env.app
+    call = intent.call
+    ctx = ToolContext(
+        run_id=intent.run_id,
+        step=step,
+        call_id=call.id,
+        actor=intent.actor,
+        idempotency_key=f"{intent.run_id}:{step}",
+    )
+    try:
+        tool = app.registry.authorize(call.name, intent.actor, app.roles, intent.offered)
+        return ToolOutcome(ok=True, result=tool.invoke(call.args, ctx))
+    except ToolError as exc:
+        return ToolOutcome(ok=False, error=str(exc))
+    except Exception as exc:  # the handler's own failure goes back to the model
+        log.info("tool %s failed in run %s: %s", call.name, intent.run_id, exc)
+        return ToolOutcome(ok=False, error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,151 @@
+"""The seam between the loop and a runner.
+
+The hooks are the entire difference between running in-process and running durably.
+Each hook takes one input object, so adding a field never breaks a runner, and each
+has a sensible default so a runner supplies only what it changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from .errors import ApprovalError, ControlFlowSignal
+from .messages import ToolCall
+from .steps import Intent
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """Run `intent` as the checkpoint named `name`; returns its JSON result."""
+
+    name: str
+    intent: Intent
+
+
+class Decision(BaseModel):
+    """A human's decision on an `action` call."""
+
+    decision: Literal["approve", "reject"]
+    actor: str
+    reason: str | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.decision == "approve"
+
+
+@dataclass(frozen=True)
+class ApprovalWait:
+    """The turn waits for a decision on one call of one run."""
+
+    run_id: str
+    call: ToolCall
+    args_sha256: str
+
+
+@dataclass(frozen=True)
+class AnswersWait:
+    """The turn waits for a person's answers to questions."""
+
+    run_id: str
+    request_id: str
+    questions: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class SinkOpen:
+    run_id: str
+
+
+class TurnSink(Protocol):
+    """The live stream as the loop sees it: it only ever closes it, on completion."""
+
+    def close(self, output: str) -> None: ...
+
+
+class NullTurnSink:
+    def close(self, output: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """Run another agent on `task` as a child of `run_id`."""
+
+    run_id: str
+    call: ToolCall
+    agent: str
+    task: str
+    depth: int
+
+
+class DelegationOutcome(BaseModel):
+    ok: bool
+    output: str | None = None
+    error: str | None = None
+    child_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ParallelBlock(Generic[T]):
+    """Tasks to run together; every task settles, none fails fast."""
+
+    tasks: Sequence[Callable[[], T]]
+
+
+@dataclass
+class Settled(Generic[T]):
+    value: T | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Asks whether this run takes the shape introduced under `id`."""
+
+    id: str
+
+
+@dataclass
+class LoopHooks:
+    """Defaults: sequential `parallel`, every patch taken, no humans to ask."""
+
+    label: str = field(default="base")
+
+    def step(self, call: StepCall) -> Any:
+        raise NotImplementedError("a runner must supply hooks.step")
+
+    def await_approval(self, wait: ApprovalWait) -> Decision:
+        raise ApprovalError(
+            f"run {wait.run_id} needs a decision on {wait.call.name} ({wait.call.id}) "
+            "but this runner has no way to ask for one"
+        )
+
+    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
+        raise ApprovalError(f"run {wait.run_id} asks questions but nobody can answer them")
+
+    def open_sink(self, request: SinkOpen) -> TurnSink:
+        return NullTurnSink()
+
+    def run_agent(self, delegation: Delegation) -> DelegationOutcome:
+        return DelegationOutcome(ok=False, error="this runner cannot delegate to other agents")
+
+    def parallel(self, block: ParallelBlock[T]) -> list[Settled[T]]:
+        return [settle(task) for task in block.tasks]
+
+    def patched(self, patch: Patch) -> bool:
+        return True
+
+
+def settle(task: Callable[[], T]) -> Settled[T]:
+    """Run one task and capture its outcome; control-flow signals are captured too."""
+    try:
+        return Settled(value=task())
+    except (Exception, ControlFlowSignal) as exc:
+        return Settled(error=exc)

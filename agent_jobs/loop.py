@@ -1,0 +1,313 @@
+"""`run_agent_loop`: one agent turn, written once, driven by either runner.
+
+model → tools → approval → model …, capped at the agent's `max_steps`. The body is
+deterministic: no clock, randomness, ids or I/O (ruff's banned-api rule keeps it so).
+Every side effect is a named intent handed to `hooks.step`, and everything the loop
+decides on comes from a step's result, so a durable runner can replay the body
+against its journal and reach the same place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from .app import AgentApp, AgentSpec, Persona
+from .errors import MaxStepsExceededError, QuotaExceededError, StepFailedError
+from .hooks import (
+    ApprovalWait,
+    Delegation,
+    LoopHooks,
+    ParallelBlock,
+    Patch,
+    SinkOpen,
+    StepCall,
+)
+from .messages import Message, ModelRequest, ModelResponse, ToolCall, args_sha256
+from .steps import (
+    CallVerdict,
+    Done,
+    Intent,
+    InvokeTool,
+    LoadThread,
+    ModelTurn,
+    PersistAssistant,
+    Persisted,
+    PersistToolCall,
+    PersistToolExec,
+    PersistUserMessage,
+    QuotaCheck,
+    QuotaVerdict,
+    RecordUsage,
+    SetTitle,
+    ThreadSnapshot,
+    ToolOutcome,
+)
+
+R = TypeVar("R", bound=BaseModel)
+
+PARALLEL_TOOLS = "agent:parallel-tools"
+TITLE_LENGTH = 60
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """What the runner knows about the turn before it starts."""
+
+    run_id: str
+    thread_id: str
+    actor: str
+    text: str
+    persona: str | None = None
+    depth: int = 0
+
+
+@dataclass(frozen=True)
+class LoopDeps:
+    """Injected dependencies. The model and the store are reached through steps only."""
+
+    app: AgentApp  # the tool registry, the roles policy and the other agents
+    agent: AgentSpec
+    persona: Persona | None
+    system_prompt: str  # resolved by the runner: the persona wraps the agent's prompt
+    day: str  # YYYY-MM-DD, stamped once by the runner so quota-by-day survives a replay
+    quota_limit: int | None
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    output: str
+    model_calls: int
+
+
+def _step(hooks: LoopHooks, name: str, intent: Intent, result: type[R]) -> R:
+    return result.model_validate(hooks.step(StepCall(name, intent)))
+
+
+def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnResult:
+    """Drive one turn to its final answer (or raise a typed `TurnError`)."""
+    # No try/finally around the sink: a durable runner suspends by raising through
+    # here, and a suspend must not close the live stream.
+    sink = hooks.open_sink(SinkOpen(turn.run_id))
+
+    if deps.quota_limit is not None:
+        check = QuotaCheck(actor=turn.actor, day=deps.day, limit=deps.quota_limit)
+        verdict = _step(hooks, "quota:check", check, QuotaVerdict)
+        if verdict.exceeded:
+            raise QuotaExceededError(turn.actor, deps.day, verdict.used, verdict.limit)
+
+    persist = PersistUserMessage(run_id=turn.run_id, thread_id=turn.thread_id, content=turn.text)
+    _step(hooks, "persist:user", persist, Persisted)
+    load = LoadThread(run_id=turn.run_id, thread_id=turn.thread_id)
+    snapshot = _step(hooks, "load:thread", load, ThreadSnapshot)
+    history = list(snapshot.messages)
+
+    offered = deps.app.offered_tools(deps.agent, turn.actor, deps.persona)
+    specs = deps.app.tool_specs(offered)
+    tools = _Tools(turn, deps, hooks, offered)
+    seen: set[str] = set()
+
+    for n in range(1, deps.agent.max_steps + 1):
+        request = ModelRequest(
+            run_id=turn.run_id,
+            agent=deps.agent.name,
+            step=n - 1,
+            system=deps.system_prompt,
+            messages=history,
+            tools=specs,
+            settings=deps.agent.model_settings(),
+        )
+        reply = _step(hooks, f"model:{n}", ModelTurn(request=request), ModelResponse)
+        usage = RecordUsage(
+            run_id=turn.run_id,
+            thread_id=turn.thread_id,
+            actor=turn.actor,
+            day=deps.day,
+            step=f"model:{n}",
+            model=reply.model,
+            usage=reply.usage,
+        )
+        _step(hooks, f"usage:{n}", usage, Done)
+        calls = _unique_calls(reply.tool_calls, seen, n)
+        assistant = PersistAssistant(
+            run_id=turn.run_id, thread_id=turn.thread_id, text=reply.text, tool_calls=calls
+        )
+        _step(hooks, f"persist:assistant:{n}", assistant, Persisted)
+        history.append(Message(role="assistant", content=reply.text, tool_calls=calls))
+
+        if not calls:
+            if not snapshot.answered and snapshot.title is None:
+                title = SetTitle(thread_id=turn.thread_id, title=derive_title(turn.text))
+                _step(hooks, "persist:title", title, Done)
+            sink.close(reply.text)
+            return TurnResult(output=reply.text, model_calls=n)
+
+        history.extend(tools.run(calls))
+
+    raise MaxStepsExceededError(deps.agent.max_steps)
+
+
+class _Tools:
+    """Runs one model turn's tool calls by kind, in the order the model gave them."""
+
+    def __init__(
+        self, turn: TurnInput, deps: LoopDeps, hooks: LoopHooks, offered: list[str]
+    ) -> None:
+        self.turn = turn
+        self.deps = deps
+        self.hooks = hooks
+        self.offered = offered
+
+    def run(self, calls: list[ToolCall]) -> list[Message]:
+        # The concurrent shape changed which checkpoints a turn writes, so it is gated:
+        # a run that suspended under the sequential shape finishes on it.
+        if len(calls) >= 2 and self.hooks.patched(Patch(PARALLEL_TOOLS)):
+            verdicts = [self.record(call) for call in calls]
+            # Eligible only when the *journaled* kind of every call is read.
+            if all(v.kind == "read" for v in verdicts):
+                return self.run_reads(calls, verdicts)
+            return [self.finish(call, verdict) for call, verdict in zip(calls, verdicts, strict=True)]
+        return [self.finish(call, self.record(call)) for call in calls]
+
+    def record(self, call: ToolCall) -> CallVerdict:
+        """`persist:toolcall:<id>`: kind, authorization and validation, decided once."""
+        intent = PersistToolCall(
+            run_id=self.turn.run_id,
+            thread_id=self.turn.thread_id,
+            agent=self.deps.agent.name,
+            actor=self.turn.actor,
+            persona=self.turn.persona,
+            call=call,
+            offered=self.offered,
+        )
+        return _step(self.hooks, f"persist:toolcall:{call.id}", intent, CallVerdict)
+
+    def invoke(self, call: ToolCall) -> ToolOutcome:
+        intent = InvokeTool(
+            run_id=self.turn.run_id,
+            agent=self.deps.agent.name,
+            actor=self.turn.actor,
+            call=call,
+            offered=self.offered,
+        )
+        return _step(self.hooks, f"tool:{call.id}", intent, ToolOutcome)
+
+    def run_reads(self, calls: list[ToolCall], verdicts: list[CallVerdict]) -> list[Message]:
+        runnable = [c for c, v in zip(calls, verdicts, strict=True) if v.status == "auto_executed"]
+        tasks: list[Callable[[], ToolOutcome]] = [
+            (lambda call=call: self.invoke(call)) for call in runnable
+        ]
+        settled = self.hooks.parallel(ParallelBlock(tasks))
+        # Every task settles first; only then does a failure (or a suspend) unwind the
+        # turn, and in that case nothing is persisted for the siblings that finished.
+        for outcome in settled:
+            if outcome.error is not None:
+                raise outcome.error
+        results = {
+            call.id: outcome.value for call, outcome in zip(runnable, settled, strict=True)
+        }
+        return [
+            self.persist_outcome(call, results[call.id])
+            if call.id in results
+            else self.finish(call, verdict)
+            for call, verdict in zip(calls, verdicts, strict=True)
+        ]
+
+    def finish(self, call: ToolCall, verdict: CallVerdict) -> Message:
+        """Take one recorded call to its result message."""
+        if verdict.status == "failed":
+            return self.persist_failure(call, verdict.error or "the call was refused")
+        if verdict.kind == "agent":
+            return self.delegate(call)
+        if verdict.kind == "action":
+            wait = ApprovalWait(self.turn.run_id, call, args_sha256(call.args))
+            decision = self.hooks.await_approval(wait)
+            if not decision.approved:
+                body = {"rejected": True, "by": decision.actor, "reason": decision.reason}
+                return self.persist(call, "rejected", content=_json(body), error=decision.reason)
+        return self.persist_outcome(call, self.invoke(call))
+
+    def delegate(self, call: ToolCall) -> Message:
+        task = call.args.get("task")
+        delegation = Delegation(
+            run_id=self.turn.run_id,
+            call=call,
+            agent=call.name,
+            task=task if isinstance(task, str) else _json(call.args),
+            depth=self.turn.depth + 1,
+        )
+        outcome = self.hooks.run_agent(delegation)
+        if outcome.ok:
+            return self.persist(call, "executed", content=outcome.output or "", result=outcome.output)
+        return self.persist_failure(call, outcome.error or "the delegated agent failed")
+
+    def persist_outcome(self, call: ToolCall, outcome: ToolOutcome | None) -> Message:
+        if outcome is None:  # pragma: no cover - settle() always fills value or error
+            raise StepFailedError(f"tool:{call.id}", "the tool produced no outcome")
+        if outcome.ok:
+            return self.persist(call, "executed", content=_content(outcome.result), result=outcome.result)
+        return self.persist_failure(call, outcome.error or "the tool failed")
+
+    def persist_failure(self, call: ToolCall, error: str) -> Message:
+        return self.persist(call, "failed", content=_json({"error": error}), error=error)
+
+    def persist(
+        self,
+        call: ToolCall,
+        status: Any,
+        *,
+        content: str,
+        result: Any = None,
+        error: str | None = None,
+    ) -> Message:
+        """`persist:toolexec:<id>`: the outcome on the record and as a tool message."""
+        intent = PersistToolExec(
+            run_id=self.turn.run_id,
+            thread_id=self.turn.thread_id,
+            call=call,
+            status=status,
+            result=result,
+            error=error,
+            content=content,
+        )
+        _step(self.hooks, f"persist:toolexec:{call.id}", intent, Persisted)
+        return Message(
+            role="tool",
+            content=content,
+            tool_call_id=call.id,
+            name=call.name,
+            is_error=status != "executed",
+        )
+
+
+def _unique_calls(calls: list[ToolCall], seen: set[str], n: int) -> list[ToolCall]:
+    """Give every call of the run a distinct, non-empty id (step names are keyed on it)."""
+    unique: list[ToolCall] = []
+    for i, call in enumerate(calls, start=1):
+        call_id = call.id.strip()[:150] or f"call_{n}_{i}"
+        if call_id in seen:
+            call_id = f"{call_id}~{n}.{i}"
+        seen.add(call_id)
+        unique.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    return unique
+
+
+def derive_title(text: str) -> str:
+    """A thread's title from its first request: the first line, cut at a word."""
+    line = (text.strip().splitlines() or [""])[0].strip()
+    if len(line) <= TITLE_LENGTH:
+        return line or "Untitled"
+    cut = line[:TITLE_LENGTH].rsplit(" ", 1)[0]
+    return (cut or line[:TITLE_LENGTH]) + "…"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _content(result: Any) -> str:
+    return result if isinstance(result, str) else _json(result)

@@ -1,0 +1,82 @@
+"""Settings: environment variables prefixed `AGENT_JOBS_`, a `.env` file and `config/`."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_FILE = Path("config") / "agent_jobs.toml"
+
+
+class Settings(BaseSettings):
+    """Every knob of the system. Environment beats `.env`, which beats `config/`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_JOBS_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        toml_file=CONFIG_FILE,
+    )
+
+    database_url: str = "sqlite:///agent_jobs.db"
+    broker_url: str | None = None
+    redis_url: str | None = None
+    app: str | None = None
+    approvals_channel: str = "agent_jobs:approvals"
+    approval_secret: SecretStr | None = None
+
+    # The turn.
+    daily_token_quota: int | None = Field(
+        default=None, description="default per-actor daily token budget when the app sets none"
+    )
+    diagnostics: bool = True
+
+    # The durable runner.
+    step_max_attempts: int = 3
+    step_time_limit: float = 300.0
+    sweep_interval: float = 30.0
+    sweep_stale_after: float = 60.0
+
+    # The live stream.
+    stream_maxlen: int = 10_000
+    stream_ttl: int = 3600
+
+    @property
+    def effective_redis_url(self) -> str | None:
+        return self.redis_url or self.broker_url
+
+    @property
+    def durable(self) -> bool:
+        return bool(self.broker_url)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            TomlConfigSettingsSource(settings_cls),
+            file_secret_settings,
+        )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return Settings()

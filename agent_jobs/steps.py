@@ -1,0 +1,189 @@
+"""Steps are data: each side effect of the loop is a named, serialisable intent.
+
+An intent says *what* to do; `executor.py` knows *how*. The inline runner executes
+an intent at once; the durable runner journals it and lets a Celery task execute it.
+Every intent names the type of its result, so both runners hand the loop the same
+parsed value (the inline runner round-trips results through JSON as well).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from .messages import Message, ModelRequest, ModelResponse, ToolCall, Usage
+
+
+class Intent(BaseModel):
+    """Base of every intent. `remote` steps run in their own Celery task."""
+
+    remote: ClassVar[bool] = False
+    result_type: ClassVar[type[BaseModel]]
+
+
+# --- results -------------------------------------------------------------------------
+
+
+class Done(BaseModel):
+    """A step with nothing to report."""
+
+
+class Persisted(BaseModel):
+    message_id: int
+
+
+class QuotaVerdict(BaseModel):
+    used: int
+    limit: int
+
+    @property
+    def exceeded(self) -> bool:
+        return self.used >= self.limit
+
+
+class ThreadSnapshot(BaseModel):
+    """What a turn reads of its thread: recent messages, title, whether ever answered."""
+
+    messages: list[Message]
+    title: str | None = None
+    answered: bool = False
+
+
+class CallVerdict(BaseModel):
+    """Decided inside `persist:toolcall:<id>`: a replay reads it, never the registry."""
+
+    kind: Literal["read", "action", "agent"]
+    status: Literal["auto_executed", "pending_approval", "failed"]
+    error: str | None = None
+
+
+class ToolOutcome(BaseModel):
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+# --- intents -------------------------------------------------------------------------
+
+
+class QuotaCheck(Intent):
+    type: Literal["quota_check"] = "quota_check"
+    result_type = QuotaVerdict
+    actor: str
+    day: str
+    limit: int
+
+
+class PersistUserMessage(Intent):
+    type: Literal["persist_user"] = "persist_user"
+    result_type = Persisted
+    run_id: str
+    thread_id: str
+    content: str
+
+
+class LoadThread(Intent):
+    type: Literal["load_thread"] = "load_thread"
+    result_type = ThreadSnapshot
+    run_id: str
+    thread_id: str
+    message_limit: int | None = None
+
+
+class ModelTurn(Intent):
+    type: Literal["model_turn"] = "model_turn"
+    result_type = ModelResponse
+    remote = True
+    request: ModelRequest
+
+
+class RecordUsage(Intent):
+    type: Literal["record_usage"] = "record_usage"
+    result_type = Done
+    run_id: str
+    thread_id: str
+    actor: str
+    day: str
+    step: str
+    kind: Literal["model", "summary"] = "model"
+    model: str | None = None
+    usage: Usage
+
+
+class PersistAssistant(Intent):
+    type: Literal["persist_assistant"] = "persist_assistant"
+    result_type = Persisted
+    run_id: str
+    thread_id: str
+    text: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class PersistToolCall(Intent):
+    type: Literal["persist_toolcall"] = "persist_toolcall"
+    result_type = CallVerdict
+    run_id: str
+    thread_id: str
+    agent: str
+    actor: str
+    persona: str | None = None
+    call: ToolCall
+    offered: list[str]
+
+
+class InvokeTool(Intent):
+    type: Literal["invoke_tool"] = "invoke_tool"
+    result_type = ToolOutcome
+    remote = True
+    run_id: str
+    agent: str
+    actor: str
+    call: ToolCall
+    offered: list[str]
+
+
+class PersistToolExec(Intent):
+    type: Literal["persist_toolexec"] = "persist_toolexec"
+    result_type = Persisted
+    run_id: str
+    thread_id: str
+    call: ToolCall
+    status: Literal["executed", "failed", "rejected"]
+    result: Any = None
+    error: str | None = None
+    content: str
+
+
+class SetTitle(Intent):
+    type: Literal["set_title"] = "set_title"
+    result_type = Done
+    thread_id: str
+    title: str
+
+
+AnyIntent = Annotated[
+    QuotaCheck
+    | PersistUserMessage
+    | LoadThread
+    | ModelTurn
+    | RecordUsage
+    | PersistAssistant
+    | PersistToolCall
+    | InvokeTool
+    | PersistToolExec
+    | SetTitle,
+    Field(discriminator="type"),
+]
+_INTENT: TypeAdapter[Any] = TypeAdapter(AnyIntent)
+
+
+def parse_intent(data: Any) -> Intent:
+    """An intent from its journaled JSON."""
+    intent: Intent = _INTENT.validate_python(data)
+    return intent
+
+
+def dump(value: BaseModel) -> dict[str, Any]:
+    """JSON-ready form of an intent or result, as the journal stores it."""
+    return value.model_dump(mode="json")

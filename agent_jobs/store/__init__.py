@@ -1,0 +1,137 @@
+"""The SQLAlchemy store: public methods own their transactions; queries live in modules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import Connection, Engine
+
+from ..errors import UnknownRunError
+from ..messages import Message
+from . import journal, runs, threads, toolcalls, usage
+from .db import ensure_schema, is_sqlite, make_engine, upgrade
+
+
+class RunView(BaseModel):
+    """A run as users see it (`agent-jobs status --json`)."""
+
+    run_id: str
+    status: str
+    output: str | None
+    error: str | None = None
+    error_type: str | None = None
+    agent: str
+    actor: str
+    persona: str | None = None
+    thread_id: str
+    input: str
+    waiting_on: str | None = None
+    runner: str
+    parent_run_id: str | None = None
+    root_run_id: str
+    depth: int = 0
+    day: str
+    metadata: dict[str, Any] = {}
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> RunView:
+        m = row._mapping
+        return cls(
+            run_id=m["id"],
+            root_run_id=m["root_run_id"],
+            **{k: m[k] for k in cls.model_fields if k not in ("run_id", "root_run_id")},
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.status in runs.TERMINAL
+
+
+class Store:
+    """The journal and the conversation store on one database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_url(cls, url: str, *, auto_upgrade: bool | None = None) -> Store:
+        """Open the database at `url`. The embedded SQLite default migrates itself."""
+        engine = make_engine(url)
+        ensure_schema(engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade)
+        return cls(engine)
+
+    def upgrade(self) -> None:
+        upgrade(self.engine)
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunView:
+        with self.connect() as conn:
+            row = runs.get_run(conn, run_id)
+        if row is None:
+            raise UnknownRunError(run_id)
+        return RunView.from_row(row)
+
+    def find_run(self, run_id: str) -> RunView | None:
+        with self.connect() as conn:
+            row = runs.get_run(conn, run_id)
+        return RunView.from_row(row) if row is not None else None
+
+    def list_runs(
+        self, *, limit: int = 50, status: str | None = None, thread_id: str | None = None
+    ) -> list[RunView]:
+        with self.connect() as conn:
+            rows = runs.list_runs(conn, limit=limit, status=status, thread_id=thread_id)
+        return [RunView.from_row(row) for row in rows]
+
+    def thread_messages(self, thread_id: str) -> list[Message]:
+        with self.connect() as conn:
+            return threads.thread_messages(conn, thread_id)
+
+    def thread_title(self, thread_id: str) -> str | None:
+        with self.connect() as conn:
+            return threads.thread_title(conn, thread_id)
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        with self.connect() as conn:
+            return [dict(row._mapping) for row in toolcalls.run_calls(conn, run_id)]
+
+    def pending_calls(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        with self.connect() as conn:
+            return [dict(row._mapping) for row in toolcalls.pending_calls(conn, run_id=run_id)]
+
+    def journal(self, run_id: str) -> list[dict[str, Any]]:
+        with self.connect() as conn:
+            return [dict(row._mapping) for row in journal.load(conn, run_id)]
+
+    def usage(self, run_id: str) -> list[dict[str, Any]]:
+        with self.connect() as conn:
+            return usage.run_usage_rows(conn, run_id)
+
+    def totals(self, run_id: str) -> dict[str, Any]:
+        with self.connect() as conn:
+            return runs.run_totals(conn, run_id)
+
+    def tokens_used(self, actor: str, day: str) -> int:
+        with self.connect() as conn:
+            return usage.tokens_used(conn, actor=actor, day=day)
+
+
+__all__ = ["RunView", "Store"]

@@ -1,0 +1,110 @@
+"""Engines and migrations: SQLite for the embedded default, Postgres through psycopg 3."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from ..errors import ConfigurationError, SchemaNotReadyError
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """An engine for `url`; SQLite gets WAL, a busy timeout and immediate transactions."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
+        raise ConfigurationError(f"AGENT_JOBS_DATABASE_URL is not a database URL: {exc}") from exc
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            poolclass=NullPool if parsed.database in (None, "", ":memory:") else None,
+        )
+        _tune_sqlite(engine)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        if parsed.get_driver_name() in ("", "psycopg2"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_pre_ping=True)
+    raise ConfigurationError(
+        f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql+psycopg://"
+    )
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take the write lock when a transaction begins, not when it first writes:
+        # two threads upgrading read locks at once is how SQLite deadlocks.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["engine"] = engine
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    config = _alembic_config(None)  # type: ignore[arg-type]
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        if not inspect(conn).has_table("alembic_version"):
+            return None
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the database to `revision` (the newest by default)."""
+    from alembic import command
+
+    command.upgrade(_alembic_config(engine), revision)
+
+
+def ensure_schema(engine: Engine, *, auto_upgrade: bool) -> None:
+    """Check the schema is current; migrate when allowed (the embedded SQLite default)."""
+    if current_revision(engine) == head_revision():
+        return
+    if auto_upgrade:
+        upgrade(engine)
+        return
+    raise SchemaNotReadyError(
+        "the database schema is not at the version this code needs; run `agent-jobs db upgrade`"
+    )

@@ -1,0 +1,107 @@
+"""The journal: one row per checkpointed step, keyed by run and step name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Row, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from .db import utcnow
+from .schema import journal
+
+StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
+
+
+def load(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's whole journal in one query, in the order the loop asked for it."""
+    return conn.execute(
+        select(journal).where(journal.c.run_id == run_id).order_by(journal.c.seq)
+    ).all()
+
+
+def get(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
+    return conn.execute(
+        select(journal).where(journal.c.run_id == run_id, journal.c.step == step)
+    ).first()
+
+
+def insert_done(
+    conn: Connection, *, run_id: str, step: str, seq: int, intent: Any, result: Any
+) -> None:
+    now = utcnow()
+    conn.execute(
+        insert(journal).values(
+            run_id=run_id,
+            step=step,
+            seq=seq,
+            state="done",
+            intent=intent,
+            result=result,
+            attempts=1,
+            created_at=now,
+            started_at=now,
+            finished_at=now,
+        )
+    )
+
+
+def insert_pending(
+    conn: Connection, *, run_id: str, step: str, seq: int, intent: Any, state: StepState
+) -> bool:
+    """Insert a `scheduled` (or `waiting`) row unless it exists; True when inserted."""
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    result = conn.execute(
+        dialect_insert(journal)
+        .values(
+            run_id=run_id,
+            step=step,
+            seq=seq,
+            state=state,
+            intent=intent,
+            attempts=0,
+            created_at=utcnow(),
+        )
+        .on_conflict_do_nothing(index_elements=[journal.c.run_id, journal.c.step])
+    )
+    return result.rowcount == 1
+
+
+def claim(conn: Connection, run_id: str, step: str, *, max_attempts: int) -> Row[Any] | None:
+    """Mark a scheduled or started step as started by this attempt; None if not claimable."""
+    result = conn.execute(
+        update(journal)
+        .where(
+            journal.c.run_id == run_id,
+            journal.c.step == step,
+            journal.c.state.in_(("scheduled", "started")),
+            journal.c.attempts < max_attempts,
+        )
+        .values(state="started", attempts=journal.c.attempts + 1, started_at=utcnow())
+        .returning(journal)
+    )
+    return result.first()
+
+
+def complete(
+    conn: Connection,
+    run_id: str,
+    step: str,
+    *,
+    state: Literal["done", "failed"],
+    result: Any = None,
+    error: str | None = None,
+) -> bool:
+    """Write a step's outcome; the first writer wins."""
+    outcome = conn.execute(
+        update(journal)
+        .where(
+            journal.c.run_id == run_id,
+            journal.c.step == step,
+            journal.c.state.in_(("scheduled", "started", "waiting")),
+        )
+        .values(state=state, result=result, error=error, finished_at=utcnow())
+    )
+    return outcome.rowcount == 1

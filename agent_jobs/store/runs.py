@@ -1,0 +1,174 @@
+"""Run rows: created before any work starts, moved through their statuses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Row, func, insert, select, update
+
+from .db import utcnow
+from .schema import runs, usage
+
+RunStatus = Literal[
+    "queued",
+    "running",
+    "awaiting_approval",
+    "awaiting_answers",
+    "completed",
+    "failed",
+    "cancelled",
+]
+RUN_STATUSES: tuple[str, ...] = (
+    "queued",
+    "running",
+    "awaiting_approval",
+    "awaiting_answers",
+    "completed",
+    "failed",
+    "cancelled",
+)
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+def insert_run(
+    conn: Connection,
+    *,
+    run_id: str,
+    thread_id: str,
+    agent: str,
+    actor: str,
+    persona: str | None,
+    input: str,
+    status: RunStatus,
+    runner: str,
+    day: str,
+    metadata: dict[str, Any],
+    parent_run_id: str | None = None,
+    root_run_id: str | None = None,
+    depth: int = 0,
+) -> bool:
+    """Insert the run row; False when a run with this id already exists."""
+    if conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None:
+        return False
+    now = utcnow()
+    conn.execute(
+        insert(runs).values(
+            id=run_id,
+            thread_id=thread_id,
+            agent=agent,
+            actor=actor,
+            persona=persona,
+            input=input,
+            status=status,
+            runner=runner,
+            day=day,
+            metadata=metadata,
+            parent_run_id=parent_run_id,
+            root_run_id=root_run_id or run_id,
+            depth=depth,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return True
+
+
+def get_run(conn: Connection, run_id: str, *, for_update: bool = False) -> Row[Any] | None:
+    query = select(runs).where(runs.c.id == run_id)
+    if for_update:
+        query = query.with_for_update()
+    return conn.execute(query).first()
+
+
+def set_status(
+    conn: Connection,
+    run_id: str,
+    status: RunStatus,
+    *,
+    waiting_on: str | None = None,
+    only_if_not_terminal: bool = True,
+) -> bool:
+    """Move a run to `status`; a finished run never moves again."""
+    query = (
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(status=status, waiting_on=waiting_on, updated_at=utcnow())
+    )
+    if only_if_not_terminal:
+        query = query.where(runs.c.status.not_in(TERMINAL))
+    return conn.execute(query).rowcount == 1
+
+
+def finish_run(
+    conn: Connection,
+    run_id: str,
+    status: Literal["completed", "failed", "cancelled"],
+    *,
+    output: str | None = None,
+    error: str | None = None,
+    error_type: str | None = None,
+) -> bool:
+    """Record a run's end, once: the first writer wins."""
+    now = utcnow()
+    result = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, runs.c.status.not_in(TERMINAL))
+        .values(
+            status=status,
+            output=output,
+            error=error,
+            error_type=error_type,
+            waiting_on=None,
+            updated_at=now,
+            finished_at=now,
+        )
+    )
+    return result.rowcount == 1
+
+
+def touch(conn: Connection, run_id: str) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(updated_at=utcnow()))
+
+
+def list_runs(
+    conn: Connection, *, limit: int = 50, status: str | None = None, thread_id: str | None = None
+) -> Sequence[Row[Any]]:
+    query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id).limit(limit)
+    if status is not None:
+        query = query.where(runs.c.status == status)
+    if thread_id is not None:
+        query = query.where(runs.c.thread_id == thread_id)
+    return conn.execute(query).all()
+
+
+def run_tree_ids(conn: Connection, run_id: str) -> list[str]:
+    """The run and all its descendants (delegated child runs)."""
+    found = [run_id]
+    frontier = [run_id]
+    while frontier:
+        children = conn.execute(
+            select(runs.c.id).where(runs.c.parent_run_id.in_(frontier))
+        ).scalars()
+        frontier = [c for c in children if c not in found]
+        found.extend(frontier)
+    return found
+
+
+def run_totals(conn: Connection, run_id: str) -> dict[str, Any]:
+    """Token and cost totals of a run, its delegated children included."""
+    ids = run_tree_ids(conn, run_id)
+    row = conn.execute(
+        select(
+            func.coalesce(func.sum(usage.c.input_tokens), 0),
+            func.coalesce(func.sum(usage.c.output_tokens), 0),
+            func.sum(usage.c.cost),
+            func.count(),
+        ).where(usage.c.run_id.in_(ids))
+    ).one()
+    return {
+        "input_tokens": int(row[0]),
+        "output_tokens": int(row[1]),
+        "cost": float(row[2]) if row[2] is not None else None,
+        "model_calls": int(row[3]),
+    }

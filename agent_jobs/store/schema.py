@@ -1,0 +1,150 @@
+"""Every table in one place (SQLAlchemy Core). Alembic migrations mirror this module."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+# JSONB on Postgres (compact, indexable), plain JSON text on SQLite.
+Json = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+threads = Table(
+    "threads",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("title", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("thread_id", String(64), ForeignKey("threads.id"), nullable=False),
+    Column("agent", String(200), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("persona", String(200), nullable=True),
+    Column("input", Text, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("error_type", String(200), nullable=True),
+    Column("metadata", Json, nullable=False),
+    Column("runner", String(16), nullable=False),
+    Column("parent_run_id", String(64), ForeignKey("runs.id"), nullable=True),
+    # The top-level ancestor: its live stream carries this run's frames.
+    Column("root_run_id", String(64), nullable=False),
+    Column("depth", Integer, nullable=False, default=0),
+    # The UTC day stamped once when the run starts: quota-by-day stays stable on replay.
+    Column("day", String(10), nullable=False),
+    # Why the run waits (the step it is parked on), shown by `status` and in Flower.
+    Column("waiting_on", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+)
+Index("ix_runs_thread", runs.c.thread_id)
+Index("ix_runs_status_updated", runs.c.status, runs.c.updated_at)
+Index("ix_runs_parent", runs.c.parent_run_id)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("thread_id", String(64), ForeignKey("threads.id"), nullable=False),
+    Column("run_id", String(64), nullable=True),
+    Column("role", String(16), nullable=False),
+    Column("content", Text, nullable=False),
+    Column("tool_calls", Json, nullable=True),
+    Column("tool_call_id", String(200), nullable=True),
+    Column("name", String(200), nullable=True),
+    Column("is_error", Boolean, nullable=False, default=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+Index("ix_messages_thread_id", messages.c.thread_id, messages.c.id)
+
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.id"), primary_key=True),
+    Column("call_id", String(200), primary_key=True),
+    Column("thread_id", String(64), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("args", Json, nullable=False),
+    # auto_executed | pending_approval | approved | rejected | executed | failed
+    Column("status", String(32), nullable=False),
+    Column("result", Json, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("decision", String(16), nullable=True),
+    Column("decided_by", String(200), nullable=True),
+    Column("decision_reason", Text, nullable=True),
+    Column("decided_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+Index("ix_tool_calls_status", tool_calls.c.status)
+
+usage = Table(
+    "usage",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("thread_id", String(64), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("day", String(10), nullable=False),
+    Column("step", String(200), nullable=False),
+    Column("kind", String(16), nullable=False),  # model | summary
+    Column("model", String(200), nullable=True),
+    Column("input_tokens", Integer, nullable=False),
+    Column("output_tokens", Integer, nullable=False),
+    Column("cost", Float, nullable=True),
+    Column("cost_source", String(16), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+Index("ix_usage_run", usage.c.run_id)
+
+quota_usage = Table(
+    "quota_usage",
+    metadata,
+    Column("actor", String(200), primary_key=True),
+    Column("day", String(10), primary_key=True),
+    Column("tokens", BigInteger, nullable=False),
+)
+
+journal = Table(
+    "journal",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("step", String(300), primary_key=True),
+    Column("seq", Integer, nullable=False),
+    # scheduled -> started -> done | failed; "waiting" for a human decision.
+    Column("state", String(16), nullable=False),
+    Column("intent", Json, nullable=True),
+    Column("result", Json, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+)
+Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)

@@ -1,0 +1,101 @@
+"""Threads and their messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, exists, insert, select, update
+
+from ..messages import Message, ToolCall
+from .db import utcnow
+from .schema import messages, threads
+
+
+def ensure_thread(conn: Connection, thread_id: str) -> None:
+    if conn.execute(select(threads.c.id).where(threads.c.id == thread_id)).first() is None:
+        now = utcnow()
+        conn.execute(insert(threads).values(id=thread_id, created_at=now, updated_at=now))
+
+
+def thread_exists(conn: Connection, thread_id: str) -> bool:
+    return conn.execute(select(threads.c.id).where(threads.c.id == thread_id)).first() is not None
+
+
+def append_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> int:
+    """Append a message stamped with the run that wrote it; returns its id."""
+    now = utcnow()
+    result = conn.execute(
+        insert(messages)
+        .values(
+            thread_id=thread_id,
+            run_id=run_id,
+            role=message.role,
+            content=message.content,
+            tool_calls=[c.model_dump() for c in message.tool_calls] or None,
+            tool_call_id=message.tool_call_id,
+            name=message.name,
+            is_error=message.is_error,
+            created_at=now,
+        )
+        .returning(messages.c.id)
+    )
+    conn.execute(update(threads).where(threads.c.id == thread_id).values(updated_at=now))
+    return int(result.scalar_one())
+
+
+_TURN_COLUMNS = (
+    messages.c.id,
+    messages.c.role,
+    messages.c.content,
+    messages.c.tool_calls,
+    messages.c.tool_call_id,
+    messages.c.name,
+    messages.c.is_error,
+)
+
+
+def _to_message(row: Row[Any]) -> Message:
+    return Message(
+        role=row.role,
+        content=row.content,
+        tool_calls=[ToolCall.model_validate(c) for c in row.tool_calls or []],
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        is_error=bool(row.is_error),
+    )
+
+
+def thread_messages(conn: Connection, thread_id: str) -> list[Message]:
+    """Every message of the thread, oldest first."""
+    rows = conn.execute(
+        select(*_TURN_COLUMNS).where(messages.c.thread_id == thread_id).order_by(messages.c.id)
+    ).all()
+    return [_to_message(row) for row in rows]
+
+
+def message_rows(conn: Connection, thread_id: str) -> Sequence[Row[Any]]:
+    return conn.execute(
+        select(messages).where(messages.c.thread_id == thread_id).order_by(messages.c.id)
+    ).all()
+
+
+def thread_title(conn: Connection, thread_id: str) -> str | None:
+    return conn.execute(select(threads.c.title).where(threads.c.id == thread_id)).scalar()
+
+
+def set_title(conn: Connection, thread_id: str, title: str) -> None:
+    conn.execute(
+        update(threads)
+        .where(threads.c.id == thread_id, threads.c.title.is_(None))
+        .values(title=title, updated_at=utcnow())
+    )
+
+
+def has_assistant_message(conn: Connection, thread_id: str, *, before_run: str | None) -> bool:
+    """Whether the thread was ever answered (by a run other than `before_run`)."""
+    query = messages.c.thread_id == thread_id, messages.c.role == "assistant"
+    where = [*query]
+    if before_run is not None:
+        where.append(messages.c.run_id != before_run)
+    return bool(conn.execute(select(exists().where(*where))).scalar())

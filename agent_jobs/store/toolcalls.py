@@ -1,0 +1,115 @@
+"""Tool-call records: what the model asked, the verdict, the decision and the outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Row, insert, select, update
+
+from .db import utcnow
+from .schema import runs, tool_calls
+
+CallStatus = Literal[
+    "auto_executed", "pending_approval", "approved", "rejected", "executed", "failed"
+]
+
+
+def insert_call(
+    conn: Connection,
+    *,
+    run_id: str,
+    call_id: str,
+    thread_id: str,
+    name: str,
+    kind: str,
+    args: dict[str, Any],
+    status: CallStatus,
+    error: str | None = None,
+) -> None:
+    now = utcnow()
+    conn.execute(
+        insert(tool_calls).values(
+            run_id=run_id,
+            call_id=call_id,
+            thread_id=thread_id,
+            name=name,
+            kind=kind,
+            args=args,
+            status=status,
+            error=error,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+
+
+def get_call(conn: Connection, run_id: str, call_id: str) -> Row[Any] | None:
+    return conn.execute(
+        select(tool_calls).where(tool_calls.c.run_id == run_id, tool_calls.c.call_id == call_id)
+    ).first()
+
+
+def run_calls(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
+    return conn.execute(
+        select(tool_calls).where(tool_calls.c.run_id == run_id).order_by(tool_calls.c.created_at)
+    ).all()
+
+
+def decide(
+    conn: Connection,
+    run_id: str,
+    call_id: str,
+    *,
+    decision: Literal["approve", "reject"],
+    actor: str,
+    reason: str | None,
+) -> bool:
+    """Record a decision on a pending call; the first decision wins."""
+    result = conn.execute(
+        update(tool_calls)
+        .where(
+            tool_calls.c.run_id == run_id,
+            tool_calls.c.call_id == call_id,
+            tool_calls.c.status == "pending_approval",
+            tool_calls.c.decision.is_(None),
+        )
+        .values(
+            decision=decision,
+            decided_by=actor,
+            decision_reason=reason,
+            decided_at=utcnow(),
+            status="approved" if decision == "approve" else "rejected",
+            updated_at=utcnow(),
+        )
+    )
+    return result.rowcount == 1
+
+
+def set_outcome(
+    conn: Connection,
+    run_id: str,
+    call_id: str,
+    *,
+    status: CallStatus,
+    result: Any = None,
+    error: str | None = None,
+) -> None:
+    conn.execute(
+        update(tool_calls)
+        .where(tool_calls.c.run_id == run_id, tool_calls.c.call_id == call_id)
+        .values(status=status, result=result, error=error, updated_at=utcnow())
+    )
+
+
+def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Row[Any]]:
+    """Calls waiting for a human decision, oldest first, with their run's actor."""
+    query = (
+        select(tool_calls, runs.c.actor, runs.c.agent)
+        .join(runs, runs.c.id == tool_calls.c.run_id)
+        .where(tool_calls.c.status == "pending_approval")
+        .order_by(tool_calls.c.created_at)
+    )
+    if run_id is not None:
+        query = query.where(tool_calls.c.run_id == run_id)
+    return conn.execute(query).all()

@@ -1,0 +1,177 @@
+"""Tools: definitions from plain functions, their schemas, the registry and invocation."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+
+from .errors import ConfigurationError, ToolInputError, ToolNotPermittedError, UnknownToolError
+from .messages import ToolSpec
+
+ToolKind = Literal["read", "action", "agent"]
+TOOL_KINDS: tuple[str, ...] = ("read", "action", "agent")
+
+Roles = Callable[[str], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler may ask for with a `ctx` keyword argument."""
+
+    run_id: str
+    step: str
+    call_id: str
+    actor: str
+    idempotency_key: str  # "<run_id>:<step>": the same for every attempt of this call
+
+
+class RolesPolicy:
+    """Maps an actor to its roles and decides who may run or approve a tool."""
+
+    def __init__(self, roles: Mapping[str, Iterable[str]] | Roles | None = None) -> None:
+        self._roles = roles
+
+    def roles_of(self, actor: str) -> frozenset[str]:
+        if self._roles is None:
+            return frozenset()
+        if callable(self._roles):
+            return frozenset(self._roles(actor))
+        return frozenset(self._roles.get(actor, ()))
+
+    def may_use(self, tool: Tool, actor: str) -> bool:
+        return tool.roles is None or bool(tool.roles & self.roles_of(actor))
+
+    def may_approve(self, tool: Tool, actor: str) -> bool:
+        return tool.approvers is None or bool(tool.approvers & self.roles_of(actor))
+
+
+_RESULT = TypeAdapter(Any)
+
+
+class Tool:
+    """One tool: a handler, its kind, who may use it, and its input model."""
+
+    def __init__(
+        self,
+        handler: Callable[..., Any],
+        *,
+        kind: ToolKind,
+        name: str | None = None,
+        description: str | None = None,
+        roles: Iterable[str] | None = None,
+        approvers: Iterable[str] | None = None,
+    ) -> None:
+        if kind not in ("read", "action"):
+            raise ConfigurationError(
+                f"tool kind must be 'read' or 'action', not {kind!r} "
+                "(name an agent in `tools` to delegate)"
+            )
+        self.handler = handler
+        self.kind: ToolKind = kind
+        self.name = name or handler.__name__
+        self.description = description or inspect.getdoc(handler) or ""
+        self.roles = frozenset(roles) if roles is not None else None
+        self.approvers = frozenset(approvers) if approvers is not None else None
+        self.input_model, self.wants_ctx = _input_model(handler, self.name)
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_model.model_json_schema(),
+        )
+
+    def validate(self, args: Mapping[str, Any]) -> BaseModel:
+        """Check `args` against the input schema; a failure is a `ToolInputError`."""
+        try:
+            return self.input_model.model_validate(dict(args))
+        except ValidationError as exc:
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(input)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ToolInputError(self.name, detail) from None
+
+    def invoke(self, args: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Validate, call the handler, and return its result as JSON-ready data."""
+        validated = self.validate(args)
+        kwargs = {field: getattr(validated, field) for field in type(validated).model_fields}
+        if self.wants_ctx:
+            kwargs["ctx"] = ctx
+        return _RESULT.dump_python(self.handler(**kwargs), mode="json")
+
+
+def _input_model(handler: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
+    """Build the pydantic input model from the handler's signature (minus `ctx`)."""
+    signature = inspect.signature(handler)
+    try:
+        hints = typing.get_type_hints(handler)
+    except (NameError, TypeError) as exc:
+        raise ConfigurationError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
+    fields: dict[str, Any] = {}
+    wants_ctx = False
+    for param in signature.parameters.values():
+        if param.name == "ctx":
+            wants_ctx = True
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(f"tool {name!r}: *args and **kwargs have no schema")
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = create_model(  # type: ignore[call-overload]
+        f"{name}_input",
+        __config__=ConfigDict(extra="forbid"),
+        **fields,
+    )
+    return typing.cast(type[BaseModel], model), wants_ctx
+
+
+class ToolRegistry:
+    """The app's tools by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def add(self, tool: Tool) -> Tool:
+        if tool.name in self._tools:
+            raise ConfigurationError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool:
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise UnknownToolError(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def authorize(self, name: str, actor: str, roles: RolesPolicy, offered: Iterable[str]) -> Tool:
+        """The tool, if it is offered to this agent and the actor holds a role for it."""
+        if name not in offered:
+            raise UnknownToolError(name)
+        tool = self.get(name)
+        if not roles.may_use(tool, actor):
+            raise ToolNotPermittedError(name, actor)
+        return tool
+
+
+__all__ = [
+    "TOOL_KINDS",
+    "RolesPolicy",
+    "Tool",
+    "ToolContext",
+    "ToolInputError",
+    "ToolKind",
+    "ToolRegistry",
+]
