@@ -255,7 +255,9 @@ def load_app(path: str | None) -> AgentApp:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise AppLoadError(f"AGENT_JOBS_APP={path!r}: cannot import {module_name!r}: {exc}") from exc
+        raise AppLoadError(
+            f"AGENT_JOBS_APP={path!r}: cannot import {module_name!r}: {exc}"
+        ) from exc
     try:
         app = getattr(module, attribute)
     except AttributeError:

@@ -75,14 +75,18 @@ class SupportDemoModel:
             model=self.name,
         )
 
-    def _reply(self, order_id: str, results: dict[str | None, Message]) -> tuple[str, list[ToolCall]]:
+    def _reply(
+        self, order_id: str, results: dict[str | None, Message]
+    ) -> tuple[str, list[ToolCall]]:
         step = 1 + sum(1 for m in results.values() if m.role == "tool")
         if "lookup_order" not in results:
             return (
                 f"Let me check order {order_id} and its shipment. ",
                 [
                     ToolCall(id=f"call_{step}", name="lookup_order", args={"order_id": order_id}),
-                    ToolCall(id=f"call_{step + 1}", name="track_shipment", args={"order_id": order_id}),
+                    ToolCall(
+                        id=f"call_{step + 1}", name="track_shipment", args={"order_id": order_id}
+                    ),
                 ],
             )
         order, shipment = results["lookup_order"], results.get("track_shipment")

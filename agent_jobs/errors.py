@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class AgentJobsError(Exception):
     """Root of every error this library raises on purpose."""
@@ -92,12 +94,46 @@ class MaxStepsExceededError(TurnError):
         )
 
 
-class ModelError(TurnError):
-    """The model provider failed or answered with something unusable."""
+ModelErrorKind = Literal[
+    "rate_limit",  # 429: retryable, honour retry_after
+    "overload",  # 503 / 529: retryable
+    "timeout",  # the request timed out: retryable
+    "connection",  # the connection failed or dropped mid-stream: retryable
+    "auth",  # 401 / 403: not retryable
+    "invalid_request",  # 400 and friends: not retryable
+    "context_length",  # the prompt is too long for the model: not retryable
+    "invalid_response",  # the provider answered with something unusable: not retryable
+]
+RETRYABLE_MODEL_ERRORS: frozenset[str] = frozenset(
+    {"rate_limit", "overload", "timeout", "connection"}
+)
 
-    def __init__(self, message: str, *, kind: str = "invalid_response") -> None:
-        self.kind = kind
+
+class ModelError(TurnError):
+    """The model provider failed or answered with something unusable.
+
+    `kind` classifies the failure for the request-error waterfall; `retry_after` is the
+    provider's Retry-After in seconds when it sent one; `status` the HTTP status.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: ModelErrorKind = "invalid_response",
+        retry_after: float | None = None,
+        status: int | None = None,
+        provider: str | None = None,
+    ) -> None:
+        self.kind: ModelErrorKind = kind
+        self.retry_after = retry_after
+        self.status = status
+        self.provider = provider
         super().__init__(message)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE_MODEL_ERRORS
 
 
 class StepFailedError(TurnError):
@@ -170,7 +206,7 @@ class DecisionRefusedError(ApprovalError):
 # --- control flow (not failures) -----------------------------------------------------
 
 
-class ControlFlowSignal(BaseException):  # noqa: N818 - a signal, not an error
+class ControlFlowSignal(BaseException):
     """Unwinds the loop on purpose; never shown to a user as a failure.
 
     Derives from BaseException so that `except Exception` in user code cannot

@@ -85,7 +85,9 @@ def _quota_check(intent: Any, conn: Connection, env: StepEnv, step: str) -> Quot
 
 def _persist_user(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
     message = Message(role="user", content=intent.content)
-    return Persisted(message_id=threads.append_message(conn, intent.thread_id, intent.run_id, message))
+    return Persisted(
+        message_id=threads.append_message(conn, intent.thread_id, intent.run_id, message)
+    )
 
 
 def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> ThreadSnapshot:
@@ -119,7 +121,11 @@ def _persist_assistant(intent: Any, conn: Connection, env: StepEnv, step: str) -
     message_id = threads.append_message(conn, intent.thread_id, intent.run_id, message)
     diagnostics.publish(
         "assistant.message",
-        lambda: {"run_id": intent.run_id, "text": intent.text, "tool_calls": len(intent.tool_calls)},
+        lambda: {
+            "run_id": intent.run_id,
+            "text": intent.text,
+            "tool_calls": len(intent.tool_calls),
+        },
     )
     return Persisted(message_id=message_id)
 
@@ -183,7 +189,12 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
     )
     diagnostics.publish(
         f"tool.{intent.status}",
-        lambda: {"run_id": intent.run_id, "call_id": call.id, "tool": call.name, "error": intent.error},
+        lambda: {
+            "run_id": intent.run_id,
+            "call_id": call.id,
+            "tool": call.name,
+            "error": intent.error,
+        },
     )
     return Persisted(message_id=message_id)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -170,7 +171,9 @@ class _Tools:
             # Eligible only when the *journaled* kind of every call is read.
             if all(v.kind == "read" for v in verdicts):
                 return self.run_reads(calls, verdicts)
-            return [self.finish(call, verdict) for call, verdict in zip(calls, verdicts, strict=True)]
+            return [
+                self.finish(call, verdict) for call, verdict in zip(calls, verdicts, strict=True)
+            ]
         return [self.finish(call, self.record(call)) for call in calls]
 
     def record(self, call: ToolCall) -> CallVerdict:
@@ -198,18 +201,14 @@ class _Tools:
 
     def run_reads(self, calls: list[ToolCall], verdicts: list[CallVerdict]) -> list[Message]:
         runnable = [c for c, v in zip(calls, verdicts, strict=True) if v.status == "auto_executed"]
-        tasks: list[Callable[[], ToolOutcome]] = [
-            (lambda call=call: self.invoke(call)) for call in runnable
-        ]
+        tasks: list[Callable[[], ToolOutcome]] = [partial(self.invoke, call) for call in runnable]
         settled = self.hooks.parallel(ParallelBlock(tasks))
         # Every task settles first; only then does a failure (or a suspend) unwind the
         # turn, and in that case nothing is persisted for the siblings that finished.
         for outcome in settled:
             if outcome.error is not None:
                 raise outcome.error
-        results = {
-            call.id: outcome.value for call, outcome in zip(runnable, settled, strict=True)
-        }
+        results = {call.id: outcome.value for call, outcome in zip(runnable, settled, strict=True)}
         return [
             self.persist_outcome(call, results[call.id])
             if call.id in results
@@ -242,14 +241,18 @@ class _Tools:
         )
         outcome = self.hooks.run_agent(delegation)
         if outcome.ok:
-            return self.persist(call, "executed", content=outcome.output or "", result=outcome.output)
+            return self.persist(
+                call, "executed", content=outcome.output or "", result=outcome.output
+            )
         return self.persist_failure(call, outcome.error or "the delegated agent failed")
 
     def persist_outcome(self, call: ToolCall, outcome: ToolOutcome | None) -> Message:
         if outcome is None:  # pragma: no cover - settle() always fills value or error
             raise StepFailedError(f"tool:{call.id}", "the tool produced no outcome")
         if outcome.ok:
-            return self.persist(call, "executed", content=_content(outcome.result), result=outcome.result)
+            return self.persist(
+                call, "executed", content=_content(outcome.result), result=outcome.result
+            )
         return self.persist_failure(call, outcome.error or "the tool failed")
 
     def persist_failure(self, call: ToolCall, error: str) -> Message:

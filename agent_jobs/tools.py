@@ -124,7 +124,7 @@ def _input_model(handler: Callable[..., Any], name: str) -> tuple[type[BaseModel
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = create_model(  # type: ignore[call-overload]
+    model = create_model(
         f"{name}_input",
         __config__=ConfigDict(extra="forbid"),
         **fields,
@@ -158,11 +158,11 @@ class ToolRegistry:
 
     def authorize(self, name: str, actor: str, roles: RolesPolicy, offered: Iterable[str]) -> Tool:
         """The tool, if it is offered to this agent and the actor holds a role for it."""
-        if name not in offered:
-            raise UnknownToolError(name)
         tool = self.get(name)
         if not roles.may_use(tool, actor):
             raise ToolNotPermittedError(name, actor)
+        if name not in offered:
+            raise UnknownToolError(name)
         return tool
 
 

@@ -13,9 +13,8 @@ from ..app import AgentApp
 from ..errors import InvalidRequestError
 from ..loop import LoopDeps, TurnInput
 from ..settings import Settings
-from ..store import RunView
+from ..store import RunView, threads
 from ..store import runs as run_rows
-from ..store import threads
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 

@@ -34,10 +34,9 @@ from ..hooks import (
 from ..loop import run_agent_loop
 from ..settings import Settings, get_settings
 from ..steps import dump
-from ..store import RunView, Store
+from ..store import RunView, Store, toolcalls
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
-from ..store import toolcalls
 from ..stream import Frame, MemoryStreams, RunStream
 from .common import RunRequest, check_request, create_run, new_id, turn_for, waiting_label
 
@@ -225,7 +224,9 @@ class InlineRunner:
             ).start()
         return run_id
 
-    def run(self, agent: str, input: str, *, timeout: float | None = None, **kwargs: Any) -> RunView:
+    def run(
+        self, agent: str, input: str, *, timeout: float | None = None, **kwargs: Any
+    ) -> RunView:
         """Start a run and wait for it to end."""
         return self.wait(self.start(agent, input, **kwargs), timeout=timeout)
 
@@ -302,18 +303,18 @@ class InlineRunner:
         except Exception as exc:
             if not isinstance(exc, AgentJobsError):
                 log.exception("run %s failed", run.run_id)
+            message, error_type = str(exc), type(exc).__name__
             with self.store.begin() as conn:
                 run_rows.finish_run(
-                    conn, run.run_id, "failed", error=str(exc), error_type=type(exc).__name__
+                    conn, run.run_id, "failed", error=message, error_type=error_type
                 )
-            stream.emit("error", error=str(exc), error_type=type(exc).__name__)
+            stream.emit("error", error=message, error_type=error_type)
             diagnostics.publish(
-                "run.finished", lambda: {"run_id": run.run_id, "status": "failed", "error": str(exc)}
+                "run.finished",
+                lambda: {"run_id": run.run_id, "status": "failed", "error": message},
             )
             return
         with self.store.begin() as conn:
             run_rows.finish_run(conn, run.run_id, "completed", output=result.output)
         stream.emit("done", output=result.output)
-        diagnostics.publish(
-            "run.finished", lambda: {"run_id": run.run_id, "status": "completed"}
-        )
+        diagnostics.publish("run.finished", lambda: {"run_id": run.run_id, "status": "completed"})

@@ -64,7 +64,9 @@ class Store:
     def from_url(cls, url: str, *, auto_upgrade: bool | None = None) -> Store:
         """Open the database at `url`. The embedded SQLite default migrates itself."""
         engine = make_engine(url)
-        ensure_schema(engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade)
+        ensure_schema(
+            engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade
+        )
         return cls(engine)
 
     def upgrade(self) -> None:

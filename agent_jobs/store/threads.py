@@ -55,7 +55,7 @@ _TURN_COLUMNS = (
 )
 
 
-def _to_message(row: Row[Any]) -> Message:
+def _to_message(row: Any) -> Message:
     return Message(
         role=row.role,
         content=row.content,

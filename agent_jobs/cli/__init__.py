@@ -1,0 +1,22 @@
+"""The `agent-jobs` command line."""
+
+from __future__ import annotations
+
+import click
+
+from .approvals import approvals, approve, reject
+from .db import db
+from .inspect import journal, runs, status
+from .run import run
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="agent-jobs")
+def main() -> None:
+    """Durable agent-loop jobs: run agents, follow them, decide on their actions."""
+
+
+for command in (run, status, runs, journal, approve, reject, approvals, db):
+    main.add_command(command)
+
+__all__ = ["main"]

@@ -1,0 +1,100 @@
+"""`agent-jobs status`, `runs`, `journal`: what is stored about runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ..store import RunView, Store
+from .common import handle_errors, out, print_json, store
+
+
+def run_document(db: Store, run: RunView) -> dict[str, Any]:
+    """The `status --json` object: the run, its usage totals, its pending calls."""
+    doc = run.model_dump(mode="json")
+    doc["usage"] = db.totals(run.run_id)
+    doc["pending_calls"] = [
+        {"call_id": c["call_id"], "tool": c["name"], "args": c["args"]}
+        for c in db.pending_calls(run.run_id)
+    ]
+    return doc
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@handle_errors
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run: its status, output or error, usage and pending decisions."""
+    db = store()
+    run = db.get_run(run_id)
+    doc = run_document(db, run)
+    if as_json:
+        print_json(doc)
+        return
+    out.print(f"[bold]{run.run_id}[/bold]  {run.status}", markup=True)
+    out.print(f"agent {run.agent}  actor {run.actor}  thread {run.thread_id}  runner {run.runner}")
+    if run.waiting_on:
+        out.print(f"waiting on: {run.waiting_on}")
+    for call in doc["pending_calls"]:
+        out.print(f"pending: {call['call_id']} {call['tool']} {call['args']}")
+    usage = doc["usage"]
+    cost = f"  cost {usage['cost']:.6f}" if usage["cost"] is not None else ""
+    out.print(
+        f"tokens in {usage['input_tokens']} out {usage['output_tokens']} "
+        f"over {usage['model_calls']} model calls{cost}"
+    )
+    if run.output is not None:
+        out.print(f"output: {run.output}")
+    if run.error is not None:
+        out.print(f"error ({run.error_type}): {run.error}")
+
+
+@click.command()
+@click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option("--thread", "thread_id", help="Only runs of this thread.")
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def runs(status_filter: str | None, thread_id: str | None, limit: int, as_json: bool) -> None:
+    """List recent runs, newest first."""
+    found = store().list_runs(limit=limit, status=status_filter, thread_id=thread_id)
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in found])
+        return
+    if not found:
+        out.print("no runs yet")
+        return
+    table = Table("run", "status", "agent", "actor", "created", "input", box=None)
+    for r in found:
+        table.add_row(
+            r.run_id,
+            r.status,
+            r.agent,
+            r.actor,
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            r.input[:40],
+        )
+    out.print(table)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, intents and results included.")
+@handle_errors
+def journal(run_id: str, as_json: bool) -> None:
+    """Show a run's journal: each checkpointed step, in the order the loop asked for it."""
+    db = store()
+    db.get_run(run_id)
+    rows = db.journal(run_id)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("seq", "step", "state", "attempts", "error", box=None)
+    for row in rows:
+        table.add_row(
+            str(row["seq"]), row["step"], row["state"], str(row["attempts"]), row["error"] or ""
+        )
+    out.print(table)

@@ -1,0 +1,88 @@
+"""Shared fixtures: real Postgres and Redis (a missing service fails, never skips)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from agent_jobs.store import Store
+from agent_jobs.store.db import make_engine, upgrade
+
+PG_ADMIN_URL = os.environ.get(
+    "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("AGENT_JOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh Postgres database for this test session, migrated to the newest schema."""
+    name = f"agent_jobs_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # a missing service is a failure in CI, never a skip
+        admin.dispose()
+        pytest.fail(f"Postgres is required for the tests ({PG_ADMIN_URL}): {exc}")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'agent_jobs.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store test runs on both databases."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'agent_jobs.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+def truncate_all(store: Store) -> None:
+    """Empty every table so a test starts from a clean database."""
+    from agent_jobs.store.schema import metadata
+
+    with store.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+            conn.execute(text(f"TRUNCATE {names}"))
+        else:
+            for table in reversed(metadata.sorted_tables):
+                conn.execute(table.delete())
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store.from_url(db_url, auto_upgrade=True)
+    truncate_all(s)
+    yield s
+    s.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except Exception as exc:
+        pytest.fail(f"Redis is required for the tests ({REDIS_URL}): {exc}")
+    finally:
+        client.close()
+    return REDIS_URL
