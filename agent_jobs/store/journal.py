@@ -65,8 +65,10 @@ def insert_pending(
             created_at=utcnow(),
         )
         .on_conflict_do_nothing(index_elements=[journal.c.run_id, journal.c.step])
+        .returning(journal.c.step)
     )
-    return result.rowcount == 1
+    # rowcount is not reliable for INSERT … ON CONFLICT on every driver; RETURNING is.
+    return result.first() is not None
 
 
 def claim(conn: Connection, run_id: str, step: str, *, max_attempts: int) -> Row[Any] | None:

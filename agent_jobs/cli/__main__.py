@@ -1,0 +1,5 @@
+"""`python -m agent_jobs.cli` is `agent-jobs`."""
+
+from . import main
+
+main()
