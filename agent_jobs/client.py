@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from .app import AgentApp, load_app
 from .approvals import record_decision
-from .errors import UnknownRunError
+from .dispatch import CeleryDispatcher, celery_client
+from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision
+from .runners.common import RunRequest, check_request, create_run, new_id
 from .settings import Settings, get_settings
 from .store import RunView, Store
 
@@ -21,15 +23,77 @@ from .store import RunView, Store
 class Client:
     """A handle on one deployment: its store, its app, and (when durable) its broker."""
 
-    def __init__(self, store: Store, app: AgentApp, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        app: AgentApp,
+        settings: Settings | None = None,
+        dispatcher: CeleryDispatcher | None = None,
+    ) -> None:
         self.store = store
         self.app = app
         self.settings = settings or get_settings()
+        self.dispatcher = dispatcher
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Client:
         settings = settings or get_settings()
-        return cls(Store.from_url(settings.database_url), load_app(settings.app), settings)
+        dispatcher = (
+            CeleryDispatcher(celery_client(settings.broker_url)) if settings.broker_url else None
+        )
+        return cls(
+            Store.from_url(settings.database_url), load_app(settings.app), settings, dispatcher
+        )
+
+    def _broker(self) -> CeleryDispatcher:
+        if self.dispatcher is None:
+            raise ConfigurationError(
+                "no broker: set AGENT_JOBS_BROKER_URL to use the durable runner"
+            )
+        return self.dispatcher
+
+    def enqueue_run(
+        self,
+        agent: str,
+        input: str,
+        *,
+        actor: str = "anonymous",
+        thread_id: str | None = None,
+        run_id: str | None = None,
+        persona: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        """Start a durable run; returns its id. The same `run_id` twice starts one run.
+
+        The run row is written here, before the message is sent, so `get_run` works at
+        once; if the send is lost, the sweep starts the queued run anyway.
+        """
+        dispatcher = self._broker()
+        request = RunRequest.parse(
+            {
+                "agent": agent,
+                "input": input,
+                "actor": actor,
+                "thread_id": thread_id,
+                "run_id": run_id,
+                "persona": persona,
+                "metadata": metadata or {},
+            }
+        )
+        check_request(self.app, request)
+        run_id = request.run_id or new_id()
+        with self.store.begin() as conn:
+            created = create_run(conn, request, run_id=run_id, runner="durable", status="queued")
+        if created:
+            kwargs = request.model_dump() | {"run_id": run_id}
+            dispatcher.start_run(kwargs, task_id=run_id)
+        return run_id
+
+    def wake(self, run_id: str) -> None:
+        """Ask a worker to re-drive the run (durable runs only; harmless to repeat)."""
+        run = self.store.get_run(run_id)
+        if run.runner == "durable" and self.dispatcher is not None:
+            self.dispatcher.coordinate(run_id)
 
     def get_run(self, run_id: str) -> RunView:
         return self.store.get_run(run_id)
@@ -63,6 +127,8 @@ class Client:
             outcome = record_decision(
                 conn, self.app, run_id, call_id, verdict, expected_args_sha256=args_sha256
             )
+        if outcome == "recorded":
+            self.wake(run_id)  # recorded first, then the run is woken
         return outcome == "recorded"
 
     def approve(self, run_id: str, call_id: str, *, actor: str, reason: str | None = None) -> bool:
@@ -83,6 +149,10 @@ def default_client() -> Client:
         if _default is None:
             _default = Client.from_settings()
         return _default
+
+
+def enqueue_run(agent: str, input: str, **kwargs: Any) -> str:
+    return default_client().enqueue_run(agent, input, **kwargs)
 
 
 def get_run(run_id: str) -> RunView:
@@ -121,6 +191,7 @@ __all__ = [
     "approve",
     "decide",
     "default_client",
+    "enqueue_run",
     "get_run",
     "reject",
     "wait",

@@ -95,11 +95,12 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
     # here, and a suspend must not close the live stream.
     sink = hooks.open_sink(SinkOpen(turn.run_id))
 
-    if deps.quota_limit is not None:
-        check = QuotaCheck(actor=turn.actor, day=deps.day, limit=deps.quota_limit)
-        verdict = _step(hooks, "quota:check", check, QuotaVerdict)
-        if verdict.exceeded:
-            raise QuotaExceededError(turn.actor, deps.day, verdict.used, verdict.limit)
+    # Checked even without a budget, so that configuring one later does not change the
+    # shape of runs already in flight.
+    check = QuotaCheck(actor=turn.actor, day=deps.day, limit=deps.quota_limit)
+    verdict = _step(hooks, "quota:check", check, QuotaVerdict)
+    if verdict.exceeded and verdict.limit is not None:
+        raise QuotaExceededError(turn.actor, deps.day, verdict.used, verdict.limit)
 
     persist = PersistUserMessage(run_id=turn.run_id, thread_id=turn.thread_id, content=turn.text)
     _step(hooks, "persist:user", persist, Persisted)

@@ -41,10 +41,14 @@ class Settings(BaseSettings):
     diagnostics: bool = True
 
     # The durable runner.
-    step_max_attempts: int = 3
-    step_time_limit: float = 300.0
-    sweep_interval: float = 30.0
-    sweep_stale_after: float = 60.0
+    step_max_attempts: int = 3  # deliveries of one step before the run fails (a dead letter)
+    step_time_limit: float = 300.0  # hard limit of one step task, seconds
+    step_lease: float = 30.0  # a started step's lease, extended while it runs
+    sweep_interval: float = 30.0  # how often beat runs the sweep
+    sweep_stale_after: float = 60.0  # a run with no progress for this long is re-driven
+    # Patches this deployment must not take yet (comma-separated ids): an operator can
+    # hold back a new loop shape, and new runs then record the old one.
+    disabled_patches: str = ""
 
     # The live stream.
     stream_maxlen: int = 10_000
@@ -57,6 +61,10 @@ class Settings(BaseSettings):
     @property
     def durable(self) -> bool:
         return bool(self.broker_url)
+
+    @property
+    def disabled_patch_ids(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.disabled_patches.split(",") if p.strip())
 
     @classmethod
     def settings_customise_sources(

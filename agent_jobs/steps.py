@@ -35,11 +35,11 @@ class Persisted(BaseModel):
 
 class QuotaVerdict(BaseModel):
     used: int
-    limit: int
+    limit: int | None = None  # None: no budget for this actor
 
     @property
     def exceeded(self) -> bool:
-        return self.used >= self.limit
+        return self.limit is not None and self.used >= self.limit
 
 
 class ThreadSnapshot(BaseModel):
@@ -72,7 +72,7 @@ class QuotaCheck(Intent):
     result_type = QuotaVerdict
     actor: str
     day: str
-    limit: int
+    limit: int | None
 
 
 class PersistUserMessage(Intent):

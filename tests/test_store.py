@@ -97,9 +97,13 @@ def test_journal_first_writer_wins_and_claims_count_attempts(store: Store) -> No
         assert not journal.insert_pending(
             conn, run_id="r", step="tool:c1", seq=1, intent={"x": 2}, state="scheduled"
         )
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2) is not None
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2) is not None
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2) is None  # attempts spent
+        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=30) is not None
+        # A duplicate delivery while the lease is live claims nothing.
+        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=30) is None
+        assert journal.extend_lease(conn, "r", "tool:c1", attempt=1, lease=-1)  # expired
+        assert not journal.extend_lease(conn, "r", "tool:c1", attempt=2, lease=30)
+        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=-1) is not None
+        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=30) is None  # spent
         assert journal.complete(conn, "r", "tool:c1", state="done", result={"v": 1})
         assert not journal.complete(conn, "r", "tool:c1", state="done", result={"v": 2})
     [row] = store.journal("r")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, insert, select, update
+from sqlalchemy import Connection, Row, and_, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -71,20 +72,64 @@ def insert_pending(
     return result.first() is not None
 
 
-def claim(conn: Connection, run_id: str, step: str, *, max_attempts: int) -> Row[Any] | None:
-    """Mark a scheduled or started step as started by this attempt; None if not claimable."""
+def claim(
+    conn: Connection, run_id: str, step: str, *, max_attempts: int, lease: float
+) -> Row[Any] | None:
+    """Take a remote step for this attempt; None when it is not this attempt's to run.
+
+    A step is claimable when it is scheduled, or started by an attempt whose lease ran
+    out (its worker died). A duplicate delivery while the lease is live claims nothing.
+    """
+    now = utcnow()
     result = conn.execute(
         update(journal)
         .where(
             journal.c.run_id == run_id,
             journal.c.step == step,
-            journal.c.state.in_(("scheduled", "started")),
+            or_(
+                journal.c.state == "scheduled",
+                and_(journal.c.state == "started", journal.c.lease_until < now),
+            ),
             journal.c.attempts < max_attempts,
         )
-        .values(state="started", attempts=journal.c.attempts + 1, started_at=utcnow())
+        .values(
+            state="started",
+            attempts=journal.c.attempts + 1,
+            started_at=now,
+            lease_until=now + timedelta(seconds=lease),
+        )
         .returning(journal)
     )
     return result.first()
+
+
+def extend_lease(conn: Connection, run_id: str, step: str, *, attempt: int, lease: float) -> bool:
+    """Keep a running step's lease alive; False once the step is no longer this attempt's."""
+    result = conn.execute(
+        update(journal)
+        .where(
+            journal.c.run_id == run_id,
+            journal.c.step == step,
+            journal.c.state == "started",
+            journal.c.attempts == attempt,
+        )
+        .values(lease_until=utcnow() + timedelta(seconds=lease))
+    )
+    return result.rowcount == 1
+
+
+def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence[Row[Any]]:
+    """Remote steps of a run nobody is working on: scheduled long ago, or lease expired."""
+    now = utcnow()
+    return conn.execute(
+        select(journal).where(
+            journal.c.run_id == run_id,
+            or_(
+                and_(journal.c.state == "scheduled", journal.c.created_at < older_than),
+                and_(journal.c.state == "started", journal.c.lease_until < now),
+            ),
+        )
+    ).all()
 
 
 def complete(

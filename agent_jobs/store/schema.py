@@ -145,6 +145,9 @@ journal = Table(
     Column("attempts", Integer, nullable=False, default=0),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=True),
+    # A started remote step belongs to its worker until then; the worker extends it
+    # while it runs. Past it, the sweep hands the step to another worker.
+    Column("lease_until", DateTime(timezone=True), nullable=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)

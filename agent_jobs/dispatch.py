@@ -1,0 +1,67 @@
+"""How the durable runner reaches Celery: by task name, JSON only, never importing `tasks`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from celery import Celery, group
+
+START_RUN = "agent_jobs.start_run"
+COORDINATE = "agent_jobs.coordinate"
+MODEL_TURN = "agent_jobs.model_turn"
+INVOKE_TOOL = "agent_jobs.invoke_tool"
+SWEEP = "agent_jobs.sweep"
+QUEUE = "agent_jobs"
+
+
+class Dispatcher(Protocol):
+    """Enqueues work; called only after the transaction that scheduled it committed."""
+
+    def coordinate(self, run_id: str) -> None: ...
+
+    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
+        """Enqueue remote steps given as (task name, step name); several go as one group."""
+        ...
+
+
+def celery_client(broker_url: str) -> Celery:
+    """A Celery app that only sends: JSON only, no result backend."""
+    client = Celery("agent_jobs_client", broker=broker_url, set_as_current=False)
+    client.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_default_queue=QUEUE,
+        broker_connection_retry_on_startup=True,
+    )
+    return client
+
+
+class CeleryDispatcher:
+    """Sends tasks by name with `(run_id, step)` alone: the journal holds the rest."""
+
+    def __init__(self, celery: Celery) -> None:
+        self.celery = celery
+
+    def coordinate(self, run_id: str) -> None:
+        self.celery.send_task(COORDINATE, args=[run_id], queue=QUEUE)
+
+    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
+        if not steps:
+            return
+        if len(steps) == 1:
+            task, step = steps[0]
+            self.celery.send_task(task, args=[run_id, step], queue=QUEUE)
+            return
+        # A fan-out of reads: one group, every member re-drives the run when it ends.
+        # No chord: the coordinator itself notices when all have settled.
+        signatures: list[Any] = [
+            self.celery.signature(task, args=[run_id, step], queue=QUEUE) for task, step in steps
+        ]
+        group(signatures).apply_async()
+
+    def start_run(self, kwargs: dict[str, Any], *, task_id: str | None = None) -> str:
+        result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=QUEUE)
+        return str(result.id)

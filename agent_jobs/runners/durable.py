@@ -1,0 +1,448 @@
+"""The durable runner: the same loop, replayed against a Postgres journal.
+
+`coordinate(run_id)` takes the run's row lock (re-drives of one run are serialised;
+a wake-up that arrives meanwhile blocks and then sees everything the holder missed),
+loads the journal in one query and replays the loop. Finished steps return their
+recorded result with no I/O. A new local step runs inside this transaction with its
+journal row. A new remote step is inserted `scheduled`; after the commit it is
+enqueued with `(run_id, step)` alone, and the pass suspends. `execute_step` is what a
+step task does: claim the row, run the intent, write the result (first writer wins),
+and re-drive the run in-process instead of through the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, exists, select
+from sqlalchemy.exc import DBAPIError
+
+from .. import diagnostics
+from ..app import AgentApp
+from ..approvals import approval_step, decision_from_call
+from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher
+from ..errors import AgentJobsError, NonDeterminismError, StepFailedError, Suspend
+from ..executor import StepEnv, execute_local, execute_remote
+from ..hooks import ApprovalWait, Decision, LoopHooks, Patch, SinkOpen, StepCall, TurnSink
+from ..loop import run_agent_loop
+from ..settings import Settings
+from ..steps import Intent, InvokeTool, ModelTurn, dump, parse_intent
+from ..store import RunView, Store, toolcalls
+from ..store import journal as journal_rows
+from ..store import runs as run_rows
+from ..store.db import utcnow
+from ..store.schema import journal as journal_table
+from ..store.schema import runs as runs_table
+from ..stream import RunStream, StreamBackend
+from .common import RunRequest, check_request, create_run, turn_for, waiting_label
+
+log = logging.getLogger(__name__)
+
+
+def task_for(intent: Intent) -> str:
+    """The Celery task that carries out a remote intent."""
+    if isinstance(intent, ModelTurn):
+        return MODEL_TURN
+    if isinstance(intent, InvokeTool):
+        return INVOKE_TOOL
+    raise TypeError(f"{type(intent).__name__} is not a remote step")
+
+
+class _Output:
+    def __init__(self) -> None:
+        self.value: str | None = None
+
+    def close(self, output: str) -> None:
+        self.value = output
+
+
+@dataclass
+class _Parked:
+    """Where a suspended pass left the run."""
+
+    status: run_rows.RunStatus = "running"
+    labels: list[str] = field(default_factory=list)
+
+
+class DurableHooks(LoopHooks):
+    """One coordinator pass: replays the journal, runs new local steps in `conn`."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        run: RunView,
+        rows: list[Any],
+        env: StepEnv,
+        disabled_patches: frozenset[str],
+    ) -> None:
+        super().__init__(label="durable")
+        self.conn = conn
+        self.run = run
+        self.env = env
+        self.disabled_patches = disabled_patches
+        self.by_seq = {row.seq: row for row in rows}
+        self.by_name = {row.step: row for row in rows}
+        self.pos = 0
+        self.to_dispatch: list[tuple[str, str]] = []
+        self.parked = _Parked()
+        self.progressed = False
+        self.output = _Output()
+
+    # --- positions ---------------------------------------------------------------------
+
+    def _recorded(self, name: str) -> Any | None:
+        """The journal row at the next position, checked against the step asked for."""
+        self.pos += 1
+        row = self.by_seq.get(self.pos)
+        if row is not None:
+            if row.step != name:
+                raise NonDeterminismError(self.pos, row.step, name)
+            return row
+        if name in self.by_name:
+            raise NonDeterminismError(self.pos, None, name)
+        return None
+
+    def _wait(self, label: str, status: run_rows.RunStatus = "running") -> Suspend:
+        self.parked.labels.append(label)
+        if status != "running":
+            self.parked.status = status
+        return Suspend(label)
+
+    # --- hooks -------------------------------------------------------------------------
+
+    def step(self, call: StepCall) -> Any:
+        row = self._recorded(call.name)
+        if row is not None:
+            if row.state == "done":
+                return row.result
+            if row.state == "failed":
+                raise StepFailedError(call.name, row.error or "failed")
+            raise self._wait(call.name)
+        intent = call.intent
+        self.progressed = True
+        if intent.remote:
+            journal_rows.insert_pending(
+                self.conn,
+                run_id=self.run.run_id,
+                step=call.name,
+                seq=self.pos,
+                intent=dump(intent),
+                state="scheduled",
+            )
+            self.to_dispatch.append((task_for(intent), call.name))
+            raise self._wait(call.name)
+        result = dump(execute_local(intent, self.conn, self.env, call.name))
+        journal_rows.insert_done(
+            self.conn,
+            run_id=self.run.run_id,
+            step=call.name,
+            seq=self.pos,
+            intent=dump(intent),
+            result=result,
+        )
+        return result
+
+    def await_approval(self, wait: ApprovalWait) -> Decision:
+        call = wait.call
+        name = approval_step(call.id)
+        label = waiting_label(call.name, call.id)
+        row = self._recorded(name)
+        if row is not None:
+            if row.state == "done":
+                return Decision.model_validate(row.result)
+            raise self._wait(label, "awaiting_approval")
+        self.progressed = True
+        decided = decision_from_call(toolcalls.get_call(self.conn, self.run.run_id, call.id))
+        if decided is not None:
+            journal_rows.insert_done(
+                self.conn,
+                run_id=self.run.run_id,
+                step=name,
+                seq=self.pos,
+                intent={"call_id": call.id, "tool": call.name, "args": call.args},
+                result=decided.model_dump(mode="json"),
+            )
+            return decided
+        journal_rows.insert_pending(
+            self.conn,
+            run_id=self.run.run_id,
+            step=name,
+            seq=self.pos,
+            intent={"call_id": call.id, "tool": call.name, "args": call.args},
+            state="waiting",
+        )
+        self.env.emit_after_commit(
+            "approval_request",
+            call_id=call.id,
+            tool=call.name,
+            args=call.args,
+            args_sha256=wait.args_sha256,
+        )
+        raise self._wait(label, "awaiting_approval")
+
+    def open_sink(self, request: SinkOpen) -> TurnSink:
+        return self.output
+
+    def patched(self, patch: Patch) -> bool:
+        if patch.id in self.disabled_patches:
+            return False  # as if this code predated the patch: no position is used
+        name = f"patch:{patch.id}"
+        row = self.by_seq.get(self.pos + 1)
+        if row is not None:
+            if row.step == name:
+                self.pos += 1
+                return True
+            return False  # the run recorded history here before the patch existed
+        if name in self.by_name:
+            raise NonDeterminismError(self.pos + 1, None, name)
+        self.pos += 1
+        self.progressed = True
+        journal_rows.insert_done(
+            self.conn,
+            run_id=self.run.run_id,
+            step=name,
+            seq=self.pos,
+            intent={"patch": patch.id},
+            result=True,
+        )
+        return True
+
+
+class DurableRunner:
+    """Coordinates runs from their journal and carries out their remote steps."""
+
+    def __init__(
+        self,
+        app: AgentApp,
+        store: Store,
+        dispatcher: Dispatcher,
+        streams: StreamBackend,
+        settings: Settings,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.dispatcher = dispatcher
+        self.streams = streams
+        self.settings = settings
+        # Test seam: called with the run id after the journal is loaded, lock held.
+        self.before_replay: Callable[[str], None] | None = None
+        diagnostics.set_enabled(settings.diagnostics)
+
+    # --- starting ----------------------------------------------------------------------
+
+    def create(self, request: RunRequest, run_id: str) -> bool:
+        """Validate the request and write the run row (queued); False if it exists."""
+        check_request(self.app, request)
+        with self.store.begin() as conn:
+            return create_run(conn, request, run_id=run_id, runner="durable", status="queued")
+
+    # --- the coordinator ---------------------------------------------------------------
+
+    def coordinate(self, run_id: str) -> str:
+        """Replay the run's loop against its journal; returns where the run stands."""
+        try:
+            return self._coordinate(run_id)
+        except DBAPIError:
+            raise  # transient: the task fails, the sweep re-drives the run later
+        except Exception as exc:  # a bug must end the run visibly, not loop in the sweep
+            log.exception("coordinating run %s failed", run_id)
+            return self._fail(run_id, exc)
+
+    def _coordinate(self, run_id: str) -> str:
+        with self.store.begin() as conn:
+            row = run_rows.get_run(conn, run_id, for_update=True)
+            if row is None:
+                return f"unknown run {run_id}"
+            run = RunView.from_row(row)
+            if run.finished:
+                return run.status
+            rows = list(journal_rows.load(conn, run_id))
+            if self.before_replay is not None:
+                self.before_replay(run_id)
+            stream = RunStream(self.streams, run.root_run_id, run_id)
+            env = StepEnv(app=self.app, stream=stream)
+            hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)
+            if run.status == "queued":
+                diagnostics.publish("run.started", lambda: {"run_id": run_id, "agent": run.agent})
+            try:
+                turn, deps = turn_for(self.app, run, self.settings)
+                result = run_agent_loop(turn, deps, hooks)
+            except Suspend:
+                outcome = self._park(conn, run, hooks)
+                ended: tuple[str, dict[str, Any]] | None = None
+            except AgentJobsError as exc:
+                outcome = f"failed: {exc}"
+                message, error_type = str(exc), type(exc).__name__
+                run_rows.finish_run(conn, run_id, "failed", error=message, error_type=error_type)
+                ended = ("error", {"error": message, "error_type": error_type})
+            else:
+                outcome = "completed"
+                run_rows.finish_run(conn, run_id, "completed", output=result.output)
+                ended = ("done", {"output": result.output})
+        # Committed: now the world may hear of it.
+        env.flush()
+        self.dispatcher.steps(run_id, hooks.to_dispatch)
+        if ended is not None:
+            kind, fields = ended
+            stream.emit(kind, **fields)
+            stream.end()
+            diagnostics.publish(
+                "run.finished", lambda: {"run_id": run_id, "status": outcome.split(":")[0]}
+            )
+        return outcome
+
+    def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
+        parked = hooks.parked
+        waiting_on = " ".join(parked.labels) if parked.status != "running" else None
+        if run.status != parked.status or run.waiting_on != waiting_on or hooks.progressed:
+            run_rows.set_status(conn, run.run_id, parked.status, waiting_on=waiting_on)
+        if run.status != parked.status:
+            hooks.env.emit_after_commit("status", status=parked.status)
+        if parked.status == "running":
+            return "waiting " + " ".join(parked.labels)
+        return " ".join(parked.labels)
+
+    def _fail(self, run_id: str, exc: Exception) -> str:
+        message, error_type = f"internal error: {exc}", type(exc).__name__
+        with self.store.begin() as conn:
+            row = run_rows.get_run(conn, run_id)
+            finished = run_rows.finish_run(
+                conn, run_id, "failed", error=message, error_type=error_type
+            )
+        if finished and row is not None:
+            stream = RunStream(self.streams, row.root_run_id, run_id)
+            stream.emit("error", error=message, error_type=error_type)
+            stream.end()
+        return f"failed: {message}"
+
+    # --- step tasks --------------------------------------------------------------------
+
+    def execute_step(self, run_id: str, step: str) -> str:
+        """Claim and carry out one remote step, record its result, re-drive the run."""
+        settings = self.settings
+        with self.store.begin() as conn:
+            run_row = run_rows.get_run(conn, run_id)
+            if run_row is None:
+                return f"unknown run {run_id}"
+            if run_row.status in run_rows.TERMINAL:
+                return f"run already {run_row.status}"
+            claimed = journal_rows.claim(
+                conn,
+                run_id,
+                step,
+                max_attempts=settings.step_max_attempts,
+                lease=settings.step_lease,
+            )
+            gave_up = False
+            if claimed is None:
+                row = journal_rows.get(conn, run_id, step)
+                if row is None:
+                    return f"unknown step {step}"
+                if row.state in ("done", "failed"):
+                    return f"{step} already {row.state}"
+                if row.state == "started" and row.lease_until > utcnow():
+                    return f"{step} already running"
+                gave_up = journal_rows.complete(
+                    conn,
+                    run_id,
+                    step,
+                    state="failed",
+                    error=(
+                        f"gave up after {row.attempts} attempts: the step kept failing "
+                        "or killing its worker"
+                    ),
+                )
+        if gave_up or claimed is None:
+            return f"{step} gave up; {self.coordinate(run_id)}"
+
+        stream = RunStream(self.streams, run_row.root_run_id, run_id)
+        if claimed.attempts > 1:
+            # A reader drops what an earlier, failed attempt of this step streamed.
+            stream.emit("status", status="retrying", step=step, attempt=claimed.attempts)
+        env = StepEnv(app=self.app, stream=stream)
+        intent = parse_intent(claimed.intent)
+        result: Any = None
+        error: str | None = None
+        with self._lease(run_id, step, claimed.attempts):
+            try:
+                result = dump(execute_remote(intent, env, step))
+            except Exception as exc:
+                log.info("step %s of run %s failed: %s", step, run_id, exc)
+                error = (
+                    str(exc) if isinstance(exc, AgentJobsError) else f"{type(exc).__name__}: {exc}"
+                )
+        with self.store.begin() as conn:
+            journal_rows.complete(
+                conn,
+                run_id,
+                step,
+                state="done" if error is None else "failed",
+                result=result,
+                error=error,
+            )
+        return f"{step} {'done' if error is None else 'failed'}; {self.coordinate(run_id)}"
+
+    @contextmanager
+    def _lease(self, run_id: str, step: str, attempt: int) -> Iterator[None]:
+        """Keep the step's lease alive while it runs, from a side thread."""
+        stop = threading.Event()
+        lease = self.settings.step_lease
+
+        def keep() -> None:
+            while not stop.wait(lease / 3):
+                try:
+                    with self.store.begin() as conn:
+                        if not journal_rows.extend_lease(
+                            conn, run_id, step, attempt=attempt, lease=lease
+                        ):
+                            return
+                except DBAPIError as exc:
+                    log.warning("could not extend the lease of %s/%s: %s", run_id, step, exc)
+
+        keeper = threading.Thread(target=keep, name=f"lease-{step}", daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            keeper.join()
+
+    # --- recovery ----------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Re-drive runs that made no progress for a while; returns how many."""
+        cutoff = utcnow() - timedelta(seconds=self.settings.sweep_stale_after)
+        decided_waiting = exists().where(
+            journal_table.c.run_id == runs_table.c.id,
+            journal_table.c.step.like("approval:%"),
+            journal_table.c.state == "done",
+            journal_table.c.finished_at > runs_table.c.updated_at,
+        )
+        with self.store.connect() as conn:
+            stale = (
+                conn.execute(
+                    select(runs_table.c.id).where(
+                        runs_table.c.updated_at < cutoff,
+                        (runs_table.c.status.in_(("queued", "running")))
+                        | and_(runs_table.c.status == "awaiting_approval", decided_waiting),
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        for run_id in stale:
+            with self.store.begin() as conn:
+                stranded = journal_rows.stranded(conn, run_id, older_than=cutoff)
+                run_rows.touch(conn, run_id)
+            steps = [(task_for(parse_intent(row.intent)), row.step) for row in stranded]
+            if steps:
+                log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)
+                self.dispatcher.steps(run_id, steps)
+            self.dispatcher.coordinate(run_id)
+        return len(stale)

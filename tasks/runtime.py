@@ -1,0 +1,49 @@
+"""Per-process resources of a worker, built on first use after the fork."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from celery import Celery
+
+from agent_jobs.app import load_app
+from agent_jobs.dispatch import CeleryDispatcher
+from agent_jobs.redis_streams import RedisStreams
+from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.settings import Settings, get_settings
+from agent_jobs.store import Store
+
+from .app import DEFAULT_BROKER
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    runner: DurableRunner
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_pid: int | None = None
+
+
+def runtime(celery: Celery) -> Runtime:
+    """The process's runner; rebuilt in a forked child so no connection is shared."""
+    global _runtime, _pid
+    with _lock:
+        if _runtime is None or _pid != os.getpid():
+            settings = get_settings()
+            redis_url = settings.effective_redis_url or DEFAULT_BROKER
+            runner = DurableRunner(
+                load_app(settings.app),
+                Store.from_url(settings.database_url, auto_upgrade=False),
+                CeleryDispatcher(celery),
+                RedisStreams.from_url(
+                    redis_url, maxlen=settings.stream_maxlen, ttl=settings.stream_ttl
+                ),
+                settings,
+            )
+            _runtime, _pid = Runtime(settings, runner), os.getpid()
+        return _runtime

@@ -1,0 +1,51 @@
+"""The task adapters: each takes ids, loads state from Postgres, calls the runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task, shared_task
+
+from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
+from agent_jobs.errors import AgentJobsError
+from agent_jobs.runners.common import RunRequest
+
+from .runtime import runtime
+
+
+@shared_task(name=START_RUN, bind=True)
+def start_run(self: Task[Any, str], /, **kwargs: Any) -> str:
+    """Start a run from another service's kwargs (CONTRACT §3); its id defaults to ours."""
+    runner = runtime(self.app).runner
+    try:
+        request = RunRequest.parse(kwargs)
+        run_id = request.run_id or str(self.request.id)
+        runner.create(request, run_id)
+    except AgentJobsError as exc:
+        # A bad request is refused, recorded nowhere, and not retried.
+        return f"refused: {exc}"
+    return f"{run_id} {runner.coordinate(run_id)}"
+
+
+@shared_task(name=COORDINATE, bind=True)
+def coordinate(self: Task[Any, str], run_id: str) -> str:
+    """Re-drive a run: replay its journal, schedule what is missing, suspend."""
+    return f"{run_id} {runtime(self.app).runner.coordinate(run_id)}"
+
+
+@shared_task(name=MODEL_TURN, bind=True)
+def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
+    """Call the model for one step of a run, streaming its text to the run's stream."""
+    return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step)}"
+
+
+@shared_task(name=INVOKE_TOOL, bind=True)
+def invoke_tool(self: Task[Any, str], run_id: str, step: str) -> str:
+    """Invoke one tool call of a run."""
+    return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step)}"
+
+
+@shared_task(name=SWEEP, bind=True)
+def sweep(self: Task[Any, str]) -> str:
+    """Re-drive runs that made no progress for a while (Celery beat runs this)."""
+    return f"re-drove {runtime(self.app).runner.sweep()} runs"
