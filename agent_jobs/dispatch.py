@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from celery import Celery, group
+from kombu import Exchange, Queue
 
 START_RUN = "agent_jobs.start_run"
 COORDINATE = "agent_jobs.coordinate"
@@ -13,6 +14,31 @@ MODEL_TURN = "agent_jobs.model_turn"
 INVOKE_TOOL = "agent_jobs.invoke_tool"
 SWEEP = "agent_jobs.sweep"
 QUEUE = "agent_jobs"
+
+
+def task_queues() -> list[Queue]:
+    """The queue every task goes to, on the anonymous exchange.
+
+    Routing by queue name needs no binding kept in Redis, so a broker that lost
+    everything (restarted empty, FLUSHALL) still delivers the sweep's re-drives.
+    """
+    return [Queue(QUEUE, Exchange("", type="direct"), routing_key=QUEUE)]
+
+
+def routing_config() -> dict[str, Any]:
+    """Serialisation and routing settings every Celery app of this project shares."""
+    return {
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "task_queues": task_queues(),
+        "task_default_queue": QUEUE,
+        "task_default_exchange": "",
+        "task_default_routing_key": QUEUE,
+        "task_ignore_result": True,
+        "broker_connection_retry_on_startup": True,
+    }
 
 
 class Dispatcher(Protocol):
@@ -28,14 +54,7 @@ class Dispatcher(Protocol):
 def celery_client(broker_url: str) -> Celery:
     """A Celery app that only sends: JSON only, no result backend."""
     client = Celery("agent_jobs_client", broker=broker_url, set_as_current=False)
-    client.conf.update(
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        task_ignore_result=True,
-        task_default_queue=QUEUE,
-        broker_connection_retry_on_startup=True,
-    )
+    client.conf.update(routing_config())
     return client
 
 

@@ -310,7 +310,9 @@ def derive_title(text: str) -> str:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    # Sorted keys: a result read back from Postgres JSONB has lost its key order, and a
+    # replay must produce the very same message as the first run did.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _content(result: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from agent_jobs.dispatch import QUEUE, SWEEP
+from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.settings import Settings, get_settings
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
@@ -15,15 +15,12 @@ def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     app = Celery("agent_jobs", broker=settings.broker_url or DEFAULT_BROKER, set_as_current=True)
     hard_limit = settings.step_time_limit
+    # JSON only (nothing that crosses the broker can execute code when decoded), one
+    # queue on the anonymous exchange.
+    app.conf.update(routing_config())
     app.conf.update(
-        # JSON only: nothing that crosses the broker can execute code when decoded.
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        event_serializer="json",
         # The journal is the truth: no result backend, no result on the hot path.
         result_backend=None,
-        task_ignore_result=True,
         task_store_errors_even_if_ignored=False,
         # A task is acknowledged when it ends, and requeued if its worker dies.
         task_acks_late=True,
@@ -35,8 +32,6 @@ def create_app(settings: Settings | None = None) -> Celery:
         # Redis hands an unacknowledged message to another worker after this long; it
         # must outlast the longest step, or a slow step would run twice.
         broker_transport_options={"visibility_timeout": int(hard_limit * 2 + 60)},
-        broker_connection_retry_on_startup=True,
-        task_default_queue=QUEUE,
         # Operators watch Flower: workers send task events, and sent events too.
         worker_send_task_events=True,
         task_send_sent_event=True,

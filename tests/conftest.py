@@ -86,3 +86,61 @@ def redis_url() -> str:
     finally:
         client.close()
     return REDIS_URL
+
+
+# --- both runners -------------------------------------------------------------------------
+
+DURABLE_BROKER_DB = 1
+
+
+@pytest.fixture(scope="session")
+def durable_broker(redis_url: str) -> str:
+    import redis
+
+    url = redis_url.rsplit("/", 1)[0] + f"/{DURABLE_BROKER_DB}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url
+
+
+@pytest.fixture(scope="session")
+def durable_workers(pg_url: str, durable_broker: str) -> Iterator[object]:
+    """Eight worker processes shared by the durable scenario tests."""
+    from .workers import service_env, start_worker
+
+    proc = start_worker(service_env(durable_broker, pg_url), concurrency=8, name="shared")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(params=["inline", "durable"])
+def harness(
+    request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
+    """The same scenarios on the inline runner and on the durable one (real workers)."""
+    from agent_jobs import InlineRunner
+    from agent_jobs.client import Client
+    from agent_jobs.dispatch import CeleryDispatcher, celery_client
+    from agent_jobs.redis_streams import RedisStreams
+    from agent_jobs.settings import Settings
+
+    from . import apps
+    from .harness import DurableHarness, InlineHarness
+
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    if request.param == "inline":
+        yield InlineHarness(InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05))
+    else:
+        broker = request.getfixturevalue("durable_broker")
+        request.getfixturevalue("durable_workers")
+        celery = celery_client(broker)
+        settings = Settings(broker_url=broker, database_url=pg_url)
+        client = Client(store, apps.app, settings, CeleryDispatcher(celery))
+        streams = RedisStreams.from_url(broker)
+        yield DurableHarness(client, streams)
+        streams.client.close()
+        celery.close()
+    store.engine.dispose()

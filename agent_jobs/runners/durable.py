@@ -193,14 +193,16 @@ class DurableHooks(LoopHooks):
         if patch.id in self.disabled_patches:
             return False  # as if this code predated the patch: no position is used
         name = f"patch:{patch.id}"
+        marker = self.by_name.get(name)
+        if marker is not None and marker.seq <= self.pos:
+            return True  # the run took the new shape earlier; asking again costs nothing
         row = self.by_seq.get(self.pos + 1)
         if row is not None:
             if row.step == name:
                 self.pos += 1
                 return True
             return False  # the run recorded history here before the patch existed
-        if name in self.by_name:
-            raise NonDeterminismError(self.pos + 1, None, name)
+        # At the frontier nothing recorded depends on the old shape: take the new one.
         self.pos += 1
         self.progressed = True
         journal_rows.insert_done(
@@ -211,7 +213,16 @@ class DurableHooks(LoopHooks):
             intent={"patch": patch.id},
             result=True,
         )
+        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos)
         return True
+
+
+@dataclass(frozen=True)
+class _Marker:
+    """A patch marker written during this pass, as later calls of the pass see it."""
+
+    step: str
+    seq: int
 
 
 class DurableRunner:

@@ -37,6 +37,7 @@ from ..steps import dump
 from ..store import RunView, Store, toolcalls
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
+from ..store.db import utcnow
 from ..stream import Frame, MemoryStreams, RunStream
 from .common import RunRequest, check_request, create_run, new_id, turn_for, waiting_label
 
@@ -76,6 +77,7 @@ class InlineHooks(LoopHooks):
         # Each parallel task gets its own env so buffered frames never cross threads.
         env = StepEnv(app=self.env.app, stream=self.env.stream)
         if intent.remote:
+            started = utcnow()
             result = dump(execute_remote(intent, env, call.name))
             with store.begin() as conn:
                 journal_rows.insert_done(
@@ -85,6 +87,7 @@ class InlineHooks(LoopHooks):
                     seq=seq,
                     intent=dump(intent),
                     result=result,
+                    started_at=started,
                 )
         else:
             with store.begin() as conn:

@@ -30,7 +30,14 @@ def get(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
 
 
 def insert_done(
-    conn: Connection, *, run_id: str, step: str, seq: int, intent: Any, result: Any
+    conn: Connection,
+    *,
+    run_id: str,
+    step: str,
+    seq: int,
+    intent: Any,
+    result: Any,
+    started_at: datetime | None = None,
 ) -> None:
     now = utcnow()
     conn.execute(
@@ -42,8 +49,8 @@ def insert_done(
             intent=intent,
             result=result,
             attempts=1,
-            created_at=now,
-            started_at=now,
+            created_at=started_at or now,
+            started_at=started_at or now,
             finished_at=now,
         )
     )

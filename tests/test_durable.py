@@ -1,0 +1,340 @@
+"""The durable runner under stress: killed workers, lost messages, duplicates, replays."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from agent_jobs import RunView
+from agent_jobs.client import Client
+from agent_jobs.dispatch import MODEL_TURN, CeleryDispatcher, celery_client
+from agent_jobs.redis_streams import RedisStreams
+from agent_jobs.runners.common import RunRequest
+from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.settings import Settings
+from agent_jobs.store import Store
+from agent_jobs.store import journal as journal_rows
+
+from . import apps
+from .apps import executed
+from .conftest import truncate_all
+from .workers import Process, service_env, start_beat, start_worker
+
+CRASH_BROKER_DB = 2
+FAST_RECOVERY = {
+    "AGENT_JOBS_STEP_LEASE": "1.5",
+    "AGENT_JOBS_SWEEP_STALE_AFTER": "1",
+    "AGENT_JOBS_SWEEP_INTERVAL": "0.5",
+}
+
+
+class Cluster:
+    """Workers and beat of our own on a broker of our own, started and killed at will."""
+
+    def __init__(self, broker: str, pg_url: str, tmp: Path) -> None:
+        self.broker = broker
+        self.pg_url = pg_url
+        self.tmp = tmp
+        self.procs: list[Process] = []
+        self.store = Store.from_url(pg_url)
+        truncate_all(self.store)
+        self.celery = celery_client(broker)
+        settings = Settings(broker_url=broker, database_url=pg_url)
+        self.client = Client(self.store, apps.app, settings, CeleryDispatcher(self.celery))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return service_env(self.broker, self.pg_url, **(FAST_RECOVERY | extra))
+
+    def worker(self, concurrency: int = 2, **extra: str) -> Process:
+        proc = start_worker(self.env(**extra), concurrency=concurrency)
+        self.procs.append(proc)
+        return proc
+
+    def beat(self) -> Process:
+        proc = start_beat(self.env(), self.tmp)
+        self.procs.append(proc)
+        return proc
+
+    def step_state(self, run_id: str, step: str) -> str | None:
+        row = {j["step"]: j for j in self.store.journal(run_id)}.get(step)
+        return row["state"] if row else None
+
+    def wait_step(self, run_id: str, step: str, state: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step_state(run_id, step) != state:
+            assert time.monotonic() < deadline, (
+                f"{step} never {state}: {self.store.journal(run_id)}"
+            )
+            time.sleep(0.02)
+
+    def wait(self, run_id: str, timeout: float = 30) -> RunView:
+        deadline = time.monotonic() + timeout
+        while not (run := self.store.get_run(run_id)).finished:
+            assert time.monotonic() < deadline, f"{run_id} stuck {run.status}: {self.logs()}"
+            time.sleep(0.05)
+        return run
+
+    def logs(self) -> str:
+        return "\n".join(p.log()[-3000:] for p in self.procs)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+        self.celery.close()
+        self.store.engine.dispose()
+
+
+@pytest.fixture
+def cluster(
+    pg_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    broker = redis_url.rsplit("/", 1)[0] + f"/{CRASH_BROKER_DB}"
+    redis.Redis.from_url(broker).flushdb()
+    c = Cluster(broker, pg_url, tmp_path)
+    yield c
+    c.close()
+
+
+def test_sigkill_during_a_model_step_and_a_tool_step(cluster: Cluster) -> None:
+    first = cluster.worker(concurrency=1)
+    run_id = cluster.client.enqueue_run("crashy", "go", actor="user-7")
+
+    cluster.wait_step(run_id, "model:1", "started")
+    time.sleep(0.5)  # the model is streaming now
+    first.kill()
+    second = cluster.worker(concurrency=1)
+    cluster.beat()
+    cluster.wait_step(run_id, "tool:call_1", "started", timeout=30)
+    time.sleep(0.5)
+    second.kill()
+    cluster.worker(concurrency=1)
+
+    run = cluster.wait(run_id, timeout=60)
+    assert run.status == "completed" and run.output == "survived"
+    ran = executed(run_id)
+    # The killed model step ran again; the completed one never did.
+    assert ran.count(("model", "model:1")) == 2
+    assert ran.count(("model", "model:2")) == 1
+    # The killed tool step ran again, with the same idempotency key; it finished once.
+    key = f"{run_id}:tool:call_1"
+    assert ran.count(("slow:start", key)) == 2
+    assert ran.count(("slow", key)) == 1
+    journal = {j["step"]: j for j in cluster.store.journal(run_id)}
+    assert journal["model:1"]["attempts"] == 2 and journal["tool:call_1"]["attempts"] == 2
+    assert journal["model:2"]["attempts"] == 1
+    messages = cluster.store.thread_messages(run.thread_id)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
+    cluster.worker()
+    run_id = cluster.client.enqueue_run("w1", "go", actor="user-7")
+    assert cluster.wait(run_id).status == "completed"
+    before = executed(run_id)
+
+    # The same (run_id, step) delivered again, and the run re-driven twice more.
+    cluster.celery.send_task(MODEL_TURN, args=[run_id, "model:1"], queue="agent_jobs")
+    cluster.client.wake(run_id)
+    cluster.client.wake(run_id)
+    duplicate = cluster.celery.send_task(
+        "agent_jobs.start_run",
+        kwargs={
+            "agent": "w1",
+            "input": "go",
+            "actor": "user-7",
+            "run_id": run_id,
+        },
+        queue="agent_jobs",
+    )
+    assert duplicate.id
+    time.sleep(1.5)
+    assert executed(run_id) == before
+    assert len(cluster.store.list_runs()) == 1
+
+
+def test_flushall_loses_messages_not_runs(cluster: Cluster) -> None:
+    worker = cluster.worker()
+    parked = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    deadline = time.monotonic() + 20
+    while cluster.store.get_run(parked).status != "awaiting_approval":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    worker.stop()
+
+    # With no worker up: a decision is recorded and a new run is enqueued; then Redis
+    # loses every message.
+    assert cluster.client.approve(parked, "call_2", actor="alice")
+    queued = cluster.client.enqueue_run("support", "Where is order 42?", actor="user-7")
+    redis.Redis.from_url(cluster.broker).flushall()
+
+    cluster.worker()
+    cluster.beat()
+    assert cluster.wait(parked).status == "completed"
+    deadline = time.monotonic() + 30
+    while cluster.store.get_run(queued).status != "awaiting_approval":
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.05)
+    assert cluster.client.approve(queued, "call_3", actor="alice")
+    assert cluster.wait(queued).output == "Order 42 was refunded."
+
+
+def test_flushall_while_a_step_runs(cluster: Cluster) -> None:
+    cluster.worker()
+    cluster.beat()
+    run_id = cluster.client.enqueue_run("twoslow", "go", actor="user-7")
+    cluster.wait_step(run_id, "tool:call_2", "started")
+    redis.Redis.from_url(cluster.broker).flushall()
+    run = cluster.wait(run_id)
+    assert run.status == "completed" and run.output == "twoslow done"
+    assert executed(run_id).count(("slow", f"{run_id}:tool:call_2")) == 1
+
+
+def test_an_old_shape_run_finishes_on_its_shape_after_a_deploy(cluster: Cluster) -> None:
+    old = cluster.worker(AGENT_JOBS_DISABLED_PATCHES="agent:parallel-tools")
+    run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    cluster.wait_step(run_id, "approval:call_2", "waiting")
+    old.stop()
+    steps = [j["step"] for j in cluster.store.journal(run_id)]
+    assert "patch:agent:parallel-tools" not in steps
+    # The sequential shape: call 1 recorded and run before call 2 is even recorded.
+    assert steps.index("persist:toolexec:call_1") < steps.index("persist:toolcall:call_2")
+
+    cluster.worker()  # the new code takes the parallel-tools shape for new runs
+    assert cluster.client.approve(run_id, "call_2", actor="alice")
+    run = cluster.wait(run_id)
+    assert run.status == "completed" and run.output == "gated done"
+
+    fresh = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    cluster.wait_step(fresh, "approval:call_2", "waiting")
+    steps = [j["step"] for j in cluster.store.journal(fresh)]
+    assert "patch:agent:parallel-tools" in steps
+    assert steps.index("persist:toolcall:call_2") < steps.index("tool:call_1")
+
+
+def test_a_non_deterministic_replay_fails_the_run_clearly(cluster: Cluster) -> None:
+    new = cluster.worker()
+    run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    cluster.wait_step(run_id, "approval:call_2", "waiting")
+    new.stop()
+    # Code that takes the other shape resumes a run recorded under this one.
+    cluster.worker(AGENT_JOBS_DISABLED_PATCHES="agent:parallel-tools")
+    assert cluster.client.approve(run_id, "call_2", actor="alice")
+    run = cluster.wait(run_id)
+    assert run.status == "failed" and run.error_type == "NonDeterminismError"
+    assert "patch:agent:parallel-tools" in (run.error or "")
+    assert "refund" not in [what for what, _ in executed(run_id)]  # never ran on
+
+
+# --- the coordinator in-process, against real Postgres ---------------------------------------
+
+
+class Recorder:
+    """A dispatcher that only remembers what it was asked to enqueue."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def coordinate(self, run_id: str) -> None:
+        with self.lock:
+            self.sent.append(("coordinate", run_id))
+
+    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
+        with self.lock:
+            self.sent.extend((task, step) for task, step in steps)
+
+
+@pytest.fixture
+def local(pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    streams = RedisStreams.from_url(redis_url)
+    recorder = Recorder()
+    runner = DurableRunner(apps.app, store, recorder, streams, Settings(database_url=pg_url))
+    yield runner, recorder
+    streams.client.close()
+    store.engine.dispose()
+
+
+def _new_run(runner: DurableRunner, agent: str, run_id: str) -> str:
+    runner.create(RunRequest(agent=agent, input="go", actor="user-7"), run_id)
+    return run_id
+
+
+def test_two_coordinators_at_once_make_one_decision(local: Any) -> None:
+    runner, recorder = local
+    run_id = _new_run(runner, "w1", "two-at-once")
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def drive() -> None:
+        barrier.wait()
+        outcomes.append(runner.coordinate(run_id))
+
+    threads = [threading.Thread(target=drive) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert recorder.sent == [(MODEL_TURN, "model:1")]
+    assert sorted(outcomes) == ["waiting model:1", "waiting model:1"]
+    steps = [j["step"] for j in runner.store.journal(run_id)]
+    assert steps == ["quota:check", "persist:user", "load:thread", "model:1"]
+
+
+def test_a_result_that_lands_mid_replay_is_not_lost(local: Any) -> None:
+    """Force the interleaving: a step result commits while a coordinator replays."""
+    runner, recorder = local
+    run_id = _new_run(runner, "w1", "mid-replay")
+    runner.coordinate(run_id)  # schedules model:1
+    with runner.store.begin() as conn:
+        assert journal_rows.claim(conn, run_id, "model:1", max_attempts=3, lease=30)
+
+    in_replay = threading.Event()
+    release = threading.Event()
+
+    def pause(rid: str) -> None:
+        if threading.current_thread().name == "slow-coordinator":
+            in_replay.set()
+            assert release.wait(10)
+
+    runner.before_replay = pause
+    slow = threading.Thread(target=lambda: runner.coordinate(run_id), name="slow-coordinator")
+    slow.start()
+    assert in_replay.wait(10)  # the slow coordinator has loaded the journal: model:1 pending
+
+    # The step's result lands now, and its task re-drives the run.
+    from agent_jobs.messages import ModelResponse, ToolCall
+
+    reply = ModelResponse(
+        tool_calls=[
+            ToolCall(id="call_1", name="lookup", args={"order_id": "1"}),
+            ToolCall(id="call_2", name="lookup", args={"order_id": "2"}),
+        ]
+    )
+    with runner.store.begin() as conn:
+        journal_rows.complete(
+            conn, run_id, "model:1", state="done", result=reply.model_dump(mode="json")
+        )
+    waker = threading.Thread(target=lambda: runner.coordinate(run_id), name="waker")
+    waker.start()
+    time.sleep(0.3)
+    assert waker.is_alive(), "the wake-up must wait for the replay in progress"
+    release.set()
+    slow.join(10)
+    waker.join(10)
+
+    # The waker saw the result the slow coordinator missed and moved the run on.
+    assert recorder.sent[-2:] == [
+        ("agent_jobs.invoke_tool", "tool:call_1"),
+        ("agent_jobs.invoke_tool", "tool:call_2"),
+    ]
+    assert runner.store.get_run(run_id).status == "running"

@@ -1,0 +1,121 @@
+"""Real Celery workers (and beat) as subprocesses, killable with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def service_env(broker_url: str, database_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env.update(
+        AGENT_JOBS_BROKER_URL=broker_url,
+        AGENT_JOBS_DATABASE_URL=database_url,
+        AGENT_JOBS_APP="tests.apps:app",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+class Process:
+    """A subprocess in its own process group, its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+        self.args = args
+        self.env = env
+        self.name = name
+        handle, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+        os.close(handle)
+        self.log_path = Path(path)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready: str | None = None, timeout: float = 30) -> Process:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        if ready is not None:
+            deadline = time.monotonic() + timeout
+            while ready not in self.log():
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited early:\n{self.log()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.log()}")
+                time.sleep(0.05)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no cleanup, no acknowledgements."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> Process:
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "worker",
+        "--loglevel=INFO",
+        f"--concurrency={concurrency}",
+        "--pool=prefork",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
+        "--queues=agent_jobs",
+    ]
+    return Process(args, env, name)
+
+
+def start_worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> Process:
+    return worker(env, concurrency, name).start(ready="ready.")
+
+
+def start_beat(env: dict[str, str], tmp: Path) -> Process:
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "beat",
+        "--loglevel=INFO",
+        f"--schedule={tmp / 'beat-schedule'}",
+        f"--pidfile={tmp / 'beat.pid'}",
+    ]
+    return Process(args, env, "beat").start(ready="beat: Starting")
