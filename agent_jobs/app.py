@@ -127,21 +127,30 @@ class AgentApp:
         self,
         name: str,
         *,
-        model: Model,
+        model: Model | str,
         system: str = "",
         tools: Sequence[str] = (),
         max_steps: int = 8,
         options: AgentOptions | None = None,
         description: str = "",
     ) -> AgentSpec:
-        """Define an agent. A name in `tools` may be a tool or another agent."""
+        """Define an agent. A name in `tools` may be a tool or another agent.
+
+        `model` is an adapter, or a string such as `openai:gpt-4.1-mini` or
+        `anthropic:claude-sonnet-4-5` resolved with the provider settings.
+        """
         if name in self.agents:
             raise ConfigurationError(f"an agent named {name!r} is already defined")
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
+        if isinstance(model, str):
+            from .models.registry import resolve_model
+
+            model = resolve_model(model)
         if not isinstance(model, Model):
             raise ConfigurationError(
-                f"agent {name!r}: model must be a model adapter (for example ScriptedModel)"
+                f"agent {name!r}: model must be a model adapter (for example ScriptedModel) "
+                "or a string such as 'openai:gpt-4.1-mini'"
             )
         spec = AgentSpec(
             name=name,

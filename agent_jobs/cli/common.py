@@ -55,7 +55,16 @@ def settings() -> Settings:
 
 
 def app() -> AgentApp:
-    return load_app(settings().app)
+    """The configured app; the bundled demo runs on `AGENT_JOBS_MODEL` when one is set."""
+    config = settings()
+    loaded = load_app(config.app)
+    if not config.app:
+        from ..models.registry import default_model_from_settings
+
+        model = default_model_from_settings()
+        if model is not None:
+            loaded.get_agent("support").model = model
+    return loaded
 
 
 def store() -> Store:

@@ -74,12 +74,12 @@ def classify_status(
 ) -> ModelErrorKind:
     """The waterfall kind of a provider's error answer.
 
-    `status` may be 200 for an error that arrived inside a stream; then the
-    provider's error type decides.
+    `status` is None for an error that arrived inside a stream; then the provider's
+    error type decides.
     """
     wording = " ".join(part for part in (code, error_type, message) if part)
     if code == "context_length_exceeded" or (
-        status in (400, 413, None, 200) and _CONTEXT_WORDING.search(wording)
+        status in (400, 413, None) and _CONTEXT_WORDING.search(wording)
     ):
         return "context_length"
     if code == "insufficient_quota":
@@ -120,6 +120,13 @@ def transport_error_kind(exc: BaseException) -> ModelErrorKind | None:
     return None
 
 
+def transport_message(kind: ModelErrorKind, *, opened: bool, where: str | None) -> str:
+    """What a transport failure means, told apart by whether the stream had opened."""
+    if kind == "timeout":
+        return "the stream stalled past the timeout" if opened else "the request timed out"
+    return "the connection dropped mid-stream" if opened else f"cannot reach {where or 'the API'}"
+
+
 def error_message(body: object, fallback: str) -> str:
     """The human part of a provider's error body, without the JSON around it."""
     if isinstance(body, Mapping):
@@ -153,6 +160,12 @@ def redact(text: str, secrets: Iterable[str | None]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
     return text
+
+
+def chained(exc: BaseException, secrets: Iterable[str | None]) -> BaseException | None:
+    """`exc` to chain as a cause, or None when its text would carry a secret into a traceback."""
+    text = str(exc)
+    return None if redact(text, secrets) != text else exc
 
 
 def header_cost(headers: Mapping[str, str] | None) -> float | None:

@@ -1,0 +1,152 @@
+"""Model prices: what a call cost when the provider does not say.
+
+Prices are USD per million tokens, input and output. The built-in table is a
+snapshot of list prices and goes stale; override or extend it with a TOML or
+JSON file (setting `AGENT_JOBS_PRICE_TABLE`) or a dict::
+
+    # prices.toml
+    ["gpt-4.1-mini"]
+    input = 0.40
+    output = 1.60
+
+    # prices.json
+    {"gpt-4.1-mini": {"input": 0.40, "output": 1.60}}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import ConfigurationError
+from ..messages import Usage
+
+
+class ModelPrice(BaseModel):
+    """USD per million input and output tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float
+    output: float
+
+
+BUILTIN_PRICES: Mapping[str, ModelPrice] = {
+    model: ModelPrice(input=price_in, output=price_out)
+    for model, (price_in, price_out) in {
+        # OpenAI
+        "gpt-4.1": (2.00, 8.00),
+        "gpt-4.1-mini": (0.40, 1.60),
+        "gpt-4.1-nano": (0.10, 0.40),
+        "gpt-4o": (2.50, 10.00),
+        "gpt-4o-mini": (0.15, 0.60),
+        "o3": (2.00, 8.00),
+        "o4-mini": (1.10, 4.40),
+        # Anthropic
+        "claude-opus-4-1": (15.00, 75.00),
+        "claude-opus-4": (15.00, 75.00),
+        "claude-sonnet-4-5": (3.00, 15.00),
+        "claude-sonnet-4": (3.00, 15.00),
+        "claude-haiku-4-5": (1.00, 5.00),
+        "claude-3-5-haiku": (0.80, 4.00),
+    }.items()
+}
+
+# Dated snapshots ("gpt-4.1-mini-2025-04-14", "claude-sonnet-4-5-20250929") cost what
+# their alias costs.
+_DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+
+PriceSource = str | Path | Mapping[str, Any] | None
+
+
+class PriceTable:
+    """Looks a model's price up and turns token counts into USD."""
+
+    def __init__(self, prices: Mapping[str, ModelPrice] | None = None) -> None:
+        self._prices = dict(BUILTIN_PRICES if prices is None else prices)
+
+    def __repr__(self) -> str:
+        return f"PriceTable({len(self._prices)} models)"
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        """The price of `model`, trying it bare of a `vendor/` prefix and a date suffix."""
+        candidates = [model]
+        if "/" in model:  # OpenRouter and LiteLLM ids: "openai/gpt-4.1-mini"
+            candidates.append(model.rsplit("/", 1)[1])
+        candidates += [_DATE_SUFFIX.sub("", name) for name in candidates]
+        for name in candidates:
+            price = self._prices.get(name)
+            if price is not None:
+                return price
+        return None
+
+    def cost(self, model: str, input_tokens: int, output_tokens: int) -> float | None:
+        """USD for the tokens, or None when the model is not in the table."""
+        price = self.price_for(model)
+        if price is None:
+            return None
+        total = (input_tokens * price.input + output_tokens * price.output) / 1_000_000
+        return round(total, 10)
+
+    def merged(self, overrides: Mapping[str, ModelPrice]) -> PriceTable:
+        """A copy of this table with `overrides` replacing or adding entries."""
+        return PriceTable({**self._prices, **overrides})
+
+
+def load_price_table(source: PriceSource = None) -> PriceTable:
+    """The built-in table, with the entries of a TOML/JSON file or a dict on top."""
+    if source is None or source == "":
+        return PriceTable()
+    raw = source if isinstance(source, Mapping) else _read_file(Path(source))
+    try:
+        overrides = {str(model): ModelPrice.model_validate(entry) for model, entry in raw.items()}
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"price table: each model needs `input` and `output` in USD per million tokens: {exc}"
+        ) from exc
+    return PriceTable().merged(overrides)
+
+
+def _read_file(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"price table {str(path)!r} cannot be read: {exc}") from exc
+    try:
+        data: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"price table {str(path)!r} is not valid: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigurationError(f"price table {str(path)!r} must map model ids to prices")
+    return data
+
+
+def priced_usage(
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    model: str,
+    provider_cost: float | None,
+    prices: PriceTable | None,
+) -> Usage:
+    """Usage with its cost: the provider's when reported, else the price table's, else None."""
+    if provider_cost is not None:
+        return Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost=provider_cost,
+            cost_source="provider",
+        )
+    cost = prices.cost(model, input_tokens, output_tokens) if prices is not None else None
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost=cost,
+        cost_source="price_table" if cost is not None else None,
+    )
