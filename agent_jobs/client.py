@@ -85,8 +85,8 @@ class Client:
         with self.store.begin() as conn:
             created = create_run(conn, request, run_id=run_id, runner="durable", status="queued")
         if created:
-            kwargs = request.model_dump() | {"run_id": run_id}
-            dispatcher.start_run(kwargs, task_id=run_id)
+            # The row is written, so a re-drive is all a worker needs: no start_run.
+            dispatcher.coordinate(run_id)
         return run_id
 
     def wake(self, run_id: str) -> None:

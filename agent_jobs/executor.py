@@ -61,8 +61,7 @@ class StepEnv:
 
     def flush(self) -> None:
         frames, self.frames = self.frames, []
-        for type, fields in frames:
-            self.stream.emit(type, **fields)
+        self.stream.emit_many(frames)
 
     def discard(self) -> None:
         self.frames.clear()
@@ -91,10 +90,9 @@ def _persist_user(intent: Any, conn: Connection, env: StepEnv, step: str) -> Per
 
 
 def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> ThreadSnapshot:
+    title, answered = threads.title_and_answered(conn, intent.thread_id)
     return ThreadSnapshot(
-        messages=threads.thread_messages(conn, intent.thread_id),
-        title=threads.thread_title(conn, intent.thread_id),
-        answered=threads.has_assistant_message(conn, intent.thread_id, before_run=None),
+        messages=threads.thread_messages(conn, intent.thread_id), title=title, answered=answered
     )
 
 

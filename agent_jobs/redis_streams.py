@@ -45,6 +45,20 @@ class RedisStreams:
             return ""
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
+    def append_many(self, stream_id: str, frames: list[Frame]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for frame in frames:
+            pipe.xadd(
+                stream_key(stream_id),
+                {"frame": frame_json(frame)},
+                maxlen=self.maxlen,
+                approximate=True,
+            )
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not write %d frames of run %s: %s", len(frames), stream_id, exc)
+
     def end(self, stream_id: str) -> None:
         try:
             self.client.expire(stream_key(stream_id), self.ttl)

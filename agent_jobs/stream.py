@@ -37,6 +37,10 @@ class StreamBackend(Protocol):
         """Append a frame; returns the entry id a reader can resume after."""
         ...
 
+    def append_many(self, stream_id: str, frames: list[Frame]) -> None:
+        """Append several frames in order (one round trip where the backend can)."""
+        ...
+
     def end(self, stream_id: str) -> None:
         """The run is over: no more frames will come."""
         ...
@@ -77,6 +81,10 @@ class MemoryStreams:
             stream.frames.append(frame)
             stream.changed.notify_all()
             return str(len(stream.frames))
+
+    def append_many(self, stream_id: str, frames: list[Frame]) -> None:
+        for frame in frames:
+            self.append(stream_id, frame)
 
     def end(self, stream_id: str) -> None:
         stream = self._get(stream_id)
@@ -120,6 +128,13 @@ class RunStream:
     def emit(self, type: str, **fields: Any) -> str:
         frame: Frame = {"type": type, "run_id": self.run_id, **self.extra, **fields}
         return self.backend.append(self.stream_id, frame)
+
+    def emit_many(self, frames: list[tuple[str, dict[str, Any]]]) -> None:
+        if frames:
+            self.backend.append_many(
+                self.stream_id,
+                [{"type": type, "run_id": self.run_id, **self.extra, **f} for type, f in frames],
+            )
 
     def text(self, delta: str) -> None:
         if delta:

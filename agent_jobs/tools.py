@@ -78,13 +78,16 @@ class Tool:
         self.roles = frozenset(roles) if roles is not None else None
         self.approvers = frozenset(approvers) if approvers is not None else None
         self.input_model, self.wants_ctx = _input_model(handler, self.name)
+        self._spec: ToolSpec | None = None
 
     def spec(self) -> ToolSpec:
-        return ToolSpec(
-            name=self.name,
-            description=self.description,
-            input_schema=self.input_model.model_json_schema(),
-        )
+        if self._spec is None:  # a replay asks on every pass; the schema never changes
+            self._spec = ToolSpec(
+                name=self.name,
+                description=self.description,
+                input_schema=self.input_model.model_json_schema(),
+            )
+        return self._spec
 
     def validate(self, args: Mapping[str, Any]) -> BaseModel:
         """Check `args` against the input schema; a failure is a `ToolInputError`."""

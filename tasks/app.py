@@ -32,9 +32,10 @@ def create_app(settings: Settings | None = None) -> Celery:
         # Redis hands an unacknowledged message to another worker after this long; it
         # must outlast the longest step, or a slow step would run twice.
         broker_transport_options={"visibility_timeout": int(hard_limit * 2 + 60)},
-        # Operators watch Flower: workers send task events, and sent events too.
+        # Operators watch Flower: workers send task events (received, started,
+        # succeeded). No "sent" event: it would cost a publish on every enqueue.
         worker_send_task_events=True,
-        task_send_sent_event=True,
+        task_send_sent_event=False,
         task_track_started=True,
         worker_hijack_root_logger=False,
         beat_schedule={

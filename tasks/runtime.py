@@ -6,10 +6,12 @@ import os
 import threading
 from dataclasses import dataclass
 
+import redis
 from celery import Celery
 
 from agent_jobs.app import load_app
 from agent_jobs.dispatch import CeleryDispatcher
+from agent_jobs.leases import Leases
 from agent_jobs.redis_streams import RedisStreams
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.settings import Settings, get_settings
@@ -36,14 +38,14 @@ def runtime(celery: Celery) -> Runtime:
         if _runtime is None or _pid != os.getpid():
             settings = get_settings()
             redis_url = settings.effective_redis_url or DEFAULT_BROKER
+            redis_client = redis.Redis.from_url(redis_url)
             runner = DurableRunner(
                 load_app(settings.app),
                 Store.from_url(settings.database_url, auto_upgrade=False),
                 CeleryDispatcher(celery),
-                RedisStreams.from_url(
-                    redis_url, maxlen=settings.stream_maxlen, ttl=settings.stream_ttl
-                ),
+                RedisStreams(redis_client, maxlen=settings.stream_maxlen, ttl=settings.stream_ttl),
                 settings,
+                Leases(redis_client),
             )
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime

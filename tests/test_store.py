@@ -89,7 +89,9 @@ def test_the_first_decision_wins(store: Store) -> None:
     assert (call["status"], call["decision"], call["decided_by"]) == ("rejected", "reject", "a")
 
 
-def test_journal_first_writer_wins_and_claims_count_attempts(store: Store) -> None:
+def test_journal_first_writer_wins(store: Store) -> None:
+    from agent_jobs.store.db import utcnow
+
     with store.begin() as conn:
         assert journal.insert_pending(
             conn, run_id="r", step="tool:c1", seq=1, intent={"x": 1}, state="scheduled"
@@ -97,15 +99,13 @@ def test_journal_first_writer_wins_and_claims_count_attempts(store: Store) -> No
         assert not journal.insert_pending(
             conn, run_id="r", step="tool:c1", seq=1, intent={"x": 2}, state="scheduled"
         )
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=30) is not None
-        # A duplicate delivery while the lease is live claims nothing.
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=30) is None
-        assert journal.extend_lease(conn, "r", "tool:c1", attempt=1, lease=-1)  # expired
-        assert not journal.extend_lease(conn, "r", "tool:c1", attempt=2, lease=30)
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=-1) is not None
-        assert journal.claim(conn, "r", "tool:c1", max_attempts=2, lease=30) is None  # spent
-        assert journal.complete(conn, "r", "tool:c1", state="done", result={"v": 1})
+        started = utcnow()
+        assert journal.mark_started(conn, "r", "tool:c1", attempt=2, started_at=started, lease=30)
+        assert journal.complete(conn, "r", "tool:c1", state="done", result={"v": 1}, attempts=2)
         assert not journal.complete(conn, "r", "tool:c1", state="done", result={"v": 2})
+        assert not journal.mark_started(
+            conn, "r", "tool:c1", attempt=3, started_at=started, lease=30
+        )
     [row] = store.journal("r")
     assert (row["state"], row["result"], row["attempts"], row["intent"]) == (
         "done",
@@ -113,6 +113,24 @@ def test_journal_first_writer_wins_and_claims_count_attempts(store: Store) -> No
         2,
         {"x": 1},
     )
+
+
+def test_leases_admit_one_delivery_and_count_attempts(redis_url: str) -> None:
+    import uuid
+
+    from agent_jobs.leases import Leases
+
+    leases = Leases.from_url(redis_url)
+    run = uuid.uuid4().hex
+    assert leases.acquire(run, "tool:a", "t1", 30) == 1
+    assert leases.acquire(run, "tool:a", "t2", 30) is None  # a duplicate delivery
+    assert leases.held(run, ["tool:a", "tool:b"]) == {"tool:a"}
+    assert not leases.refresh(run, "tool:a", "t2", 30)  # not its lease
+    leases.release(run, "tool:a", "t2")
+    assert leases.held(run, ["tool:a"]) == {"tool:a"}
+    leases.release(run, "tool:a", "t1")
+    assert leases.acquire(run, "tool:a", "t3", 30) == 2  # a redelivery counts
+    leases.client.close()
 
 
 def test_quota_upsert_adds_up_under_concurrency(store: Store) -> None:

@@ -78,8 +78,6 @@ def create_run(
 ) -> bool:
     """Write the thread (if new) and the run row; False when the run already exists."""
     thread_id = request.thread_id or run_id
-    if run_rows.get_run(conn, run_id) is not None:
-        return False
     threads.ensure_thread(conn, thread_id)
     return run_rows.insert_run(
         conn,

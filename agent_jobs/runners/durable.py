@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from sqlalchemy import Connection, and_, exists, select
 from sqlalchemy.exc import DBAPIError
@@ -30,6 +31,7 @@ from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher
 from ..errors import AgentJobsError, NonDeterminismError, StepFailedError, Suspend
 from ..executor import StepEnv, execute_local, execute_remote
 from ..hooks import ApprovalWait, Decision, LoopHooks, Patch, SinkOpen, StepCall, TurnSink
+from ..leases import Leases
 from ..loop import run_agent_loop
 from ..settings import Settings
 from ..steps import Intent, InvokeTool, ModelTurn, dump, parse_intent
@@ -90,6 +92,7 @@ class DurableHooks(LoopHooks):
         self.by_name = {row.step: row for row in rows}
         self.pos = 0
         self.to_dispatch: list[tuple[str, str]] = []
+        self.new_rows: list[dict[str, Any]] = []  # inserted in one statement before commit
         self.parked = _Parked()
         self.progressed = False
         self.output = _Output()
@@ -108,6 +111,22 @@ class DurableHooks(LoopHooks):
             raise NonDeterminismError(self.pos, None, name)
         return None
 
+    def _record(
+        self, name: str, state: journal_rows.StepState, intent: Any, result: Any = None
+    ) -> None:
+        self.new_rows.append(
+            journal_rows.row(
+                run_id=self.run.run_id,
+                step=name,
+                seq=self.pos,
+                state=state,
+                intent=intent,
+                result=result,
+            )
+        )
+        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos)
+        self.progressed = True
+
     def _wait(self, label: str, status: run_rows.RunStatus = "running") -> Suspend:
         self.parked.labels.append(label)
         if status != "running":
@@ -125,27 +144,12 @@ class DurableHooks(LoopHooks):
                 raise StepFailedError(call.name, row.error or "failed")
             raise self._wait(call.name)
         intent = call.intent
-        self.progressed = True
         if intent.remote:
-            journal_rows.insert_pending(
-                self.conn,
-                run_id=self.run.run_id,
-                step=call.name,
-                seq=self.pos,
-                intent=dump(intent),
-                state="scheduled",
-            )
+            self._record(call.name, "scheduled", dump(intent))
             self.to_dispatch.append((task_for(intent), call.name))
             raise self._wait(call.name)
         result = dump(execute_local(intent, self.conn, self.env, call.name))
-        journal_rows.insert_done(
-            self.conn,
-            run_id=self.run.run_id,
-            step=call.name,
-            seq=self.pos,
-            intent=dump(intent),
-            result=result,
-        )
+        self._record(call.name, "done", dump(intent), result)
         return result
 
     def await_approval(self, wait: ApprovalWait) -> Decision:
@@ -157,26 +161,12 @@ class DurableHooks(LoopHooks):
             if row.state == "done":
                 return Decision.model_validate(row.result)
             raise self._wait(label, "awaiting_approval")
-        self.progressed = True
         decided = decision_from_call(toolcalls.get_call(self.conn, self.run.run_id, call.id))
+        intent = {"call_id": call.id, "tool": call.name, "args": call.args}
         if decided is not None:
-            journal_rows.insert_done(
-                self.conn,
-                run_id=self.run.run_id,
-                step=name,
-                seq=self.pos,
-                intent={"call_id": call.id, "tool": call.name, "args": call.args},
-                result=decided.model_dump(mode="json"),
-            )
+            self._record(name, "done", intent, decided.model_dump(mode="json"))
             return decided
-        journal_rows.insert_pending(
-            self.conn,
-            run_id=self.run.run_id,
-            step=name,
-            seq=self.pos,
-            intent={"call_id": call.id, "tool": call.name, "args": call.args},
-            state="waiting",
-        )
+        self._record(name, "waiting", intent)
         self.env.emit_after_commit(
             "approval_request",
             call_id=call.id,
@@ -204,25 +194,28 @@ class DurableHooks(LoopHooks):
             return False  # the run recorded history here before the patch existed
         # At the frontier nothing recorded depends on the old shape: take the new one.
         self.pos += 1
-        self.progressed = True
-        journal_rows.insert_done(
-            self.conn,
-            run_id=self.run.run_id,
-            step=name,
-            seq=self.pos,
-            intent={"patch": patch.id},
-            result=True,
-        )
-        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos)
+        self._record(name, "done", {"patch": patch.id}, True)
         return True
 
 
 @dataclass(frozen=True)
 class _Marker:
-    """A patch marker written during this pass, as later calls of the pass see it."""
+    """A row written during this pass, as later calls of the same pass see it."""
 
     step: str
     seq: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A remote step's outcome, written under the run's lock by the pass it wakes."""
+
+    step: str
+    state: Literal["done", "failed"]
+    result: Any = None
+    error: str | None = None
+    attempt: int | None = None
+    started_at: datetime | None = None
 
 
 class DurableRunner:
@@ -235,12 +228,14 @@ class DurableRunner:
         dispatcher: Dispatcher,
         streams: StreamBackend,
         settings: Settings,
+        leases: Leases,
     ) -> None:
         self.app = app
         self.store = store
         self.dispatcher = dispatcher
         self.streams = streams
         self.settings = settings
+        self.leases = leases
         # Test seam: called with the run id after the journal is loaded, lock held.
         self.before_replay: Callable[[str], None] | None = None
         diagnostics.set_enabled(settings.diagnostics)
@@ -255,25 +250,41 @@ class DurableRunner:
 
     # --- the coordinator ---------------------------------------------------------------
 
-    def coordinate(self, run_id: str) -> str:
-        """Replay the run's loop against its journal; returns where the run stands."""
+    def coordinate(self, run_id: str, completion: Completion | None = None) -> str:
+        """Replay the run's loop against its journal; returns where the run stands.
+
+        With a `completion`, the step's outcome is written first, in the same
+        transaction: a step task pays one commit for its result and the re-drive.
+        """
         try:
-            return self._coordinate(run_id)
+            return self._coordinate(run_id, completion)
         except DBAPIError:
-            raise  # transient: the task fails, the sweep re-drives the run later
+            raise  # transient: the task is retried, or the sweep re-drives the run
         except Exception as exc:  # a bug must end the run visibly, not loop in the sweep
             log.exception("coordinating run %s failed", run_id)
             return self._fail(run_id, exc)
 
-    def _coordinate(self, run_id: str) -> str:
+    def _coordinate(self, run_id: str, completion: Completion | None) -> str:
+        ended: tuple[str, dict[str, Any]] | None = None
         with self.store.begin() as conn:
             row = run_rows.get_run(conn, run_id, for_update=True)
             if row is None:
                 return f"unknown run {run_id}"
             run = RunView.from_row(row)
+            if completion is not None:
+                journal_rows.complete(
+                    conn,
+                    run_id,
+                    completion.step,
+                    state=completion.state,
+                    result=completion.result,
+                    error=completion.error,
+                    attempts=completion.attempt,
+                    started_at=completion.started_at,
+                )
             if run.finished:
                 return run.status
-            rows = list(journal_rows.load(conn, run_id))
+            rows = list(journal_rows.load_for_replay(conn, run_id))
             if self.before_replay is not None:
                 self.before_replay(run_id)
             stream = RunStream(self.streams, run.root_run_id, run_id)
@@ -285,14 +296,16 @@ class DurableRunner:
                 turn, deps = turn_for(self.app, run, self.settings)
                 result = run_agent_loop(turn, deps, hooks)
             except Suspend:
+                journal_rows.insert_many(conn, hooks.new_rows)
                 outcome = self._park(conn, run, hooks)
-                ended: tuple[str, dict[str, Any]] | None = None
             except AgentJobsError as exc:
+                journal_rows.insert_many(conn, hooks.new_rows)
                 outcome = f"failed: {exc}"
                 message, error_type = str(exc), type(exc).__name__
                 run_rows.finish_run(conn, run_id, "failed", error=message, error_type=error_type)
                 ended = ("error", {"error": message, "error_type": error_type})
             else:
+                journal_rows.insert_many(conn, hooks.new_rows)
                 outcome = "completed"
                 run_rows.finish_run(conn, run_id, "completed", output=result.output)
                 ended = ("done", {"output": result.output})
@@ -335,52 +348,47 @@ class DurableRunner:
     # --- step tasks --------------------------------------------------------------------
 
     def execute_step(self, run_id: str, step: str) -> str:
-        """Claim and carry out one remote step, record its result, re-drive the run."""
+        """Carry out one remote step, then write its result and re-drive the run at once."""
+        with self.store.connect() as conn:
+            row = journal_rows.get_with_run(conn, run_id, step)
+        if row is None:
+            return f"unknown step {step}"
+        if row.run_status in run_rows.TERMINAL:
+            return f"run already {row.run_status}"
+        if row.state in ("done", "failed"):
+            return f"{step} already {row.state}"
         settings = self.settings
-        with self.store.begin() as conn:
-            run_row = run_rows.get_run(conn, run_id)
-            if run_row is None:
-                return f"unknown run {run_id}"
-            if run_row.status in run_rows.TERMINAL:
-                return f"run already {run_row.status}"
-            claimed = journal_rows.claim(
-                conn,
-                run_id,
-                step,
-                max_attempts=settings.step_max_attempts,
-                lease=settings.step_lease,
-            )
-            gave_up = False
-            if claimed is None:
-                row = journal_rows.get(conn, run_id, step)
-                if row is None:
-                    return f"unknown step {step}"
-                if row.state in ("done", "failed"):
-                    return f"{step} already {row.state}"
-                if row.state == "started" and row.lease_until > utcnow():
-                    return f"{step} already running"
-                gave_up = journal_rows.complete(
-                    conn,
-                    run_id,
+        token = uuid.uuid4().hex
+        attempt = self.leases.acquire(run_id, step, token, settings.step_lease)
+        if attempt is None:
+            return f"{step} already running"  # a duplicate delivery
+        try:
+            if attempt > settings.step_max_attempts:
+                completion = Completion(
                     step,
-                    state="failed",
+                    "failed",
                     error=(
-                        f"gave up after {row.attempts} attempts: the step kept failing "
+                        f"gave up after {attempt - 1} attempts: the step kept failing "
                         "or killing its worker"
                     ),
+                    attempt=attempt - 1,
                 )
-        if gave_up or claimed is None:
-            return f"{step} gave up; {self.coordinate(run_id)}"
+            else:
+                completion = self._run_step(row, step, token, attempt)
+            return f"{step} {completion.state}; {self.coordinate(run_id, completion)}"
+        finally:
+            self.leases.release(run_id, step, token)
 
-        stream = RunStream(self.streams, run_row.root_run_id, run_id)
-        if claimed.attempts > 1:
+    def _run_step(self, row: Any, step: str, token: str, attempt: int) -> Completion:
+        run_id = row.run_id
+        stream = RunStream(self.streams, row.root_run_id, run_id)
+        if attempt > 1:
             # A reader drops what an earlier, failed attempt of this step streamed.
-            stream.emit("status", status="retrying", step=step, attempt=claimed.attempts)
+            stream.emit("status", status="retrying", step=step, attempt=attempt)
         env = StepEnv(app=self.app, stream=stream)
-        intent = parse_intent(claimed.intent)
-        result: Any = None
-        error: str | None = None
-        with self._lease(run_id, step, claimed.attempts):
+        intent = parse_intent(row.intent)
+        started = utcnow()
+        with self._heartbeat(run_id, step, token, attempt, started):
             try:
                 result = dump(execute_remote(intent, env, step))
             except Exception as exc:
@@ -388,33 +396,30 @@ class DurableRunner:
                 error = (
                     str(exc) if isinstance(exc, AgentJobsError) else f"{type(exc).__name__}: {exc}"
                 )
-        with self.store.begin() as conn:
-            journal_rows.complete(
-                conn,
-                run_id,
-                step,
-                state="done" if error is None else "failed",
-                result=result,
-                error=error,
-            )
-        return f"{step} {'done' if error is None else 'failed'}; {self.coordinate(run_id)}"
+                return Completion(step, "failed", error=error, attempt=attempt, started_at=started)
+        return Completion(step, "done", result=result, attempt=attempt, started_at=started)
 
     @contextmanager
-    def _lease(self, run_id: str, step: str, attempt: int) -> Iterator[None]:
-        """Keep the step's lease alive while it runs, from a side thread."""
+    def _heartbeat(
+        self, run_id: str, step: str, token: str, attempt: int, started: datetime
+    ) -> Iterator[None]:
+        """While the step runs: keep its lease alive, and show it `started` once it
+        has run for a moment (short steps go from scheduled to done in one commit)."""
         stop = threading.Event()
         lease = self.settings.step_lease
+        beat = min(lease / 3, 1.0)
 
         def keep() -> None:
-            while not stop.wait(lease / 3):
+            while not stop.wait(beat):
                 try:
+                    if not self.leases.refresh(run_id, step, token, lease):
+                        return
                     with self.store.begin() as conn:
-                        if not journal_rows.extend_lease(
-                            conn, run_id, step, attempt=attempt, lease=lease
-                        ):
-                            return
-                except DBAPIError as exc:
-                    log.warning("could not extend the lease of %s/%s: %s", run_id, step, exc)
+                        journal_rows.mark_started(
+                            conn, run_id, step, attempt=attempt, started_at=started, lease=lease
+                        )
+                except Exception as exc:  # the step goes on; the sweep is the backstop
+                    log.warning("heartbeat of %s/%s failed: %s", run_id, step, exc)
 
         keeper = threading.Thread(target=keep, name=f"lease-{step}", daemon=True)
         keeper.start()
@@ -451,7 +456,12 @@ class DurableRunner:
             with self.store.begin() as conn:
                 stranded = journal_rows.stranded(conn, run_id, older_than=cutoff)
                 run_rows.touch(conn, run_id)
-            steps = [(task_for(parse_intent(row.intent)), row.step) for row in stranded]
+            running = self.leases.held(run_id, [row.step for row in stranded])
+            steps = [
+                (task_for(parse_intent(row.intent)), row.step)
+                for row in stranded
+                if row.step not in running
+            ]
             if steps:
                 log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)
                 self.dispatcher.steps(run_id, steps)

@@ -40,7 +40,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         if parsed.get_driver_name() in ("", "psycopg2"):
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_pre_ping=True)
+        # No pre-ping: it costs a round trip per checkout. A connection that died is
+        # invalidated when it fails, and the task that hit it is retried (tasks/steps.py).
+        return create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_recycle=1800)
     raise ConfigurationError(
         f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql+psycopg://"
     )

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, and_, insert, or_, select, update
+from sqlalchemy import Connection, Integer, Row, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from .db import utcnow
-from .schema import journal
+from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
 
@@ -21,6 +21,20 @@ def load(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
     return conn.execute(
         select(journal).where(journal.c.run_id == run_id).order_by(journal.c.seq)
     ).all()
+
+
+# Built once: a replay runs this on every pass, and building a statement costs more
+# than running it. The intents stay behind: a replay needs only names and results.
+_REPLAY = (
+    select(journal.c.step, journal.c.seq, journal.c.state, journal.c.result, journal.c.error)
+    .where(journal.c.run_id == bindparam("run_id"))
+    .order_by(journal.c.seq)
+)
+
+
+def load_for_replay(conn: Connection, run_id: str) -> Sequence[Any]:
+    """What a replay needs of the run's journal, in one query."""
+    return conn.execute(_REPLAY, {"run_id": run_id}).all()
 
 
 def get(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
@@ -79,50 +93,43 @@ def insert_pending(
     return result.first() is not None
 
 
-def claim(
-    conn: Connection, run_id: str, step: str, *, max_attempts: int, lease: float
-) -> Row[Any] | None:
-    """Take a remote step for this attempt; None when it is not this attempt's to run.
-
-    A step is claimable when it is scheduled, or started by an attempt whose lease ran
-    out (its worker died). A duplicate delivery while the lease is live claims nothing.
-    """
-    now = utcnow()
+def mark_started(
+    conn: Connection,
+    run_id: str,
+    step: str,
+    *,
+    attempt: int,
+    started_at: datetime,
+    lease: float,
+) -> bool:
+    """Show a long-running step as started, with the lease its worker keeps alive."""
     result = conn.execute(
         update(journal)
         .where(
             journal.c.run_id == run_id,
             journal.c.step == step,
-            or_(
-                journal.c.state == "scheduled",
-                and_(journal.c.state == "started", journal.c.lease_until < now),
-            ),
-            journal.c.attempts < max_attempts,
+            journal.c.state.in_(("scheduled", "started")),
         )
         .values(
             state="started",
-            attempts=journal.c.attempts + 1,
-            started_at=now,
-            lease_until=now + timedelta(seconds=lease),
+            attempts=attempt,
+            started_at=started_at,
+            lease_until=utcnow() + timedelta(seconds=lease),
         )
-        .returning(journal)
-    )
-    return result.first()
-
-
-def extend_lease(conn: Connection, run_id: str, step: str, *, attempt: int, lease: float) -> bool:
-    """Keep a running step's lease alive; False once the step is no longer this attempt's."""
-    result = conn.execute(
-        update(journal)
-        .where(
-            journal.c.run_id == run_id,
-            journal.c.step == step,
-            journal.c.state == "started",
-            journal.c.attempts == attempt,
-        )
-        .values(lease_until=utcnow() + timedelta(seconds=lease))
     )
     return result.rowcount == 1
+
+
+_WITH_RUN = (
+    select(journal, runs.c.status.label("run_status"), runs.c.root_run_id)
+    .join(runs, runs.c.id == journal.c.run_id)
+    .where(journal.c.run_id == bindparam("run_id"), journal.c.step == bindparam("step"))
+)
+
+
+def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
+    """A step's row with its run's status and top-level run, in one query."""
+    return conn.execute(_WITH_RUN, {"run_id": run_id, "step": step}).first()
 
 
 def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence[Row[Any]]:
@@ -133,7 +140,11 @@ def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence
             journal.c.run_id == run_id,
             or_(
                 and_(journal.c.state == "scheduled", journal.c.created_at < older_than),
-                and_(journal.c.state == "started", journal.c.lease_until < now),
+                and_(
+                    journal.c.state == "started",
+                    journal.c.lease_until < now,
+                    journal.c.created_at < older_than,
+                ),
             ),
         )
     ).all()
@@ -147,15 +158,73 @@ def complete(
     state: Literal["done", "failed"],
     result: Any = None,
     error: str | None = None,
+    attempts: int | None = None,
+    started_at: datetime | None = None,
 ) -> bool:
     """Write a step's outcome; the first writer wins."""
-    outcome = conn.execute(
-        update(journal)
-        .where(
-            journal.c.run_id == run_id,
-            journal.c.step == step,
-            journal.c.state.in_(("scheduled", "started", "waiting")),
-        )
-        .values(state=state, result=result, error=error, finished_at=utcnow())
+    now = utcnow()
+    values = {
+        "b_run_id": run_id,
+        "b_step": step,
+        "b_state": state,
+        "b_result": result,
+        "b_error": error,
+        "b_finished_at": now,
+        "b_attempts": attempts,
+        "b_started_at": started_at,
+    }
+    return conn.execute(_COMPLETE, values).rowcount == 1
+
+
+_COMPLETE = (
+    update(journal)
+    .where(
+        journal.c.run_id == bindparam("b_run_id"),
+        journal.c.step == bindparam("b_step"),
+        journal.c.state.in_(("scheduled", "started", "waiting")),
     )
-    return outcome.rowcount == 1
+    .values(
+        state=bindparam("b_state"),
+        result=bindparam("b_result", type_=journal.c.result.type),
+        error=bindparam("b_error"),
+        finished_at=bindparam("b_finished_at"),
+        attempts=func.coalesce(bindparam("b_attempts", type_=Integer), journal.c.attempts),
+        started_at=func.coalesce(
+            bindparam("b_started_at", type_=journal.c.started_at.type), journal.c.started_at
+        ),
+    )
+)
+
+
+def insert_many(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert the rows a coordinator pass produced, in one statement."""
+    if rows:
+        conn.execute(insert(journal), rows)
+
+
+def row(
+    *,
+    run_id: str,
+    step: str,
+    seq: int,
+    state: StepState,
+    intent: Any,
+    result: Any = None,
+) -> dict[str, Any]:
+    """A journal row as `insert_many` takes it."""
+    now = utcnow()
+    done = state == "done"
+    return {
+        "run_id": run_id,
+        "step": step,
+        "seq": seq,
+        "state": state,
+        "intent": intent,
+        "result": result,
+        "error": None,
+        "attempts": 1 if done else 0,
+        "created_at": now,
+        "started_at": now if done else None,
+        "lease_until": None,
+        "finished_at": now if done else None,
+    }

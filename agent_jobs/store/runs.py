@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from .db import utcnow
 from .schema import runs, usage
@@ -49,11 +51,11 @@ def insert_run(
     depth: int = 0,
 ) -> bool:
     """Insert the run row; False when a run with this id already exists."""
-    if conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None:
-        return False
     now = utcnow()
-    conn.execute(
-        insert(runs).values(
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    inserted = conn.execute(
+        dialect_insert(runs)
+        .values(
             id=run_id,
             thread_id=thread_id,
             agent=agent,
@@ -70,15 +72,19 @@ def insert_run(
             created_at=now,
             updated_at=now,
         )
+        .on_conflict_do_nothing(index_elements=[runs.c.id])
+        .returning(runs.c.id)
     )
-    return True
+    return inserted.first() is not None
+
+
+_GET = select(runs).where(runs.c.id == bindparam("run_id"))
+_LOCK = _GET.with_for_update()
 
 
 def get_run(conn: Connection, run_id: str, *, for_update: bool = False) -> Row[Any] | None:
-    query = select(runs).where(runs.c.id == run_id)
-    if for_update:
-        query = query.with_for_update()
-    return conn.execute(query).first()
+    """The run's row; `for_update` takes its lock (serialises re-drives of the run)."""
+    return conn.execute(_LOCK if for_update else _GET, {"run_id": run_id}).first()
 
 
 def set_status(
@@ -90,14 +96,22 @@ def set_status(
     only_if_not_terminal: bool = True,
 ) -> bool:
     """Move a run to `status`; a finished run never moves again."""
-    query = (
-        update(runs)
-        .where(runs.c.id == run_id)
-        .values(status=status, waiting_on=waiting_on, updated_at=utcnow())
+    query = _SET_STATUS if only_if_not_terminal else _SET_STATUS_ANY
+    values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_waiting_on": waiting_on}
+    values["b_now"] = utcnow()
+    return conn.execute(query, values).rowcount == 1
+
+
+_SET_STATUS_ANY = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run_id"))
+    .values(
+        status=bindparam("b_status"),
+        waiting_on=bindparam("b_waiting_on"),
+        updated_at=bindparam("b_now"),
     )
-    if only_if_not_terminal:
-        query = query.where(runs.c.status.not_in(TERMINAL))
-    return conn.execute(query).rowcount == 1
+)
+_SET_STATUS = _SET_STATUS_ANY.where(runs.c.status.not_in(TERMINAL))
 
 
 def finish_run(

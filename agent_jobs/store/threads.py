@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, exists, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, exists, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..messages import Message, ToolCall
 from .db import utcnow
@@ -13,35 +15,37 @@ from .schema import messages, threads
 
 
 def ensure_thread(conn: Connection, thread_id: str) -> None:
-    if conn.execute(select(threads.c.id).where(threads.c.id == thread_id)).first() is None:
-        now = utcnow()
-        conn.execute(insert(threads).values(id=thread_id, created_at=now, updated_at=now))
+    """Create the thread unless it exists (one statement on both dialects)."""
+    now = utcnow()
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    conn.execute(
+        dialect_insert(threads)
+        .values(id=thread_id, created_at=now, updated_at=now)
+        .on_conflict_do_nothing(index_elements=[threads.c.id])
+    )
 
 
 def thread_exists(conn: Connection, thread_id: str) -> bool:
     return conn.execute(select(threads.c.id).where(threads.c.id == thread_id)).first() is not None
 
 
+_APPEND = insert(messages).returning(messages.c.id)
+
+
 def append_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> int:
     """Append a message stamped with the run that wrote it; returns its id."""
-    now = utcnow()
-    result = conn.execute(
-        insert(messages)
-        .values(
-            thread_id=thread_id,
-            run_id=run_id,
-            role=message.role,
-            content=message.content,
-            tool_calls=[c.model_dump() for c in message.tool_calls] or None,
-            tool_call_id=message.tool_call_id,
-            name=message.name,
-            is_error=message.is_error,
-            created_at=now,
-        )
-        .returning(messages.c.id)
-    )
-    conn.execute(update(threads).where(threads.c.id == thread_id).values(updated_at=now))
-    return int(result.scalar_one())
+    row = {
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": [c.model_dump() for c in message.tool_calls] or None,
+        "tool_call_id": message.tool_call_id,
+        "name": message.name,
+        "is_error": message.is_error,
+        "created_at": utcnow(),
+    }
+    return int(conn.execute(_APPEND, row).scalar_one())
 
 
 _TURN_COLUMNS = (
@@ -66,11 +70,16 @@ def _to_message(row: Any) -> Message:
     )
 
 
+_THREAD = (
+    select(*_TURN_COLUMNS)
+    .where(messages.c.thread_id == bindparam("thread_id"))
+    .order_by(messages.c.id)
+)
+
+
 def thread_messages(conn: Connection, thread_id: str) -> list[Message]:
     """Every message of the thread, oldest first."""
-    rows = conn.execute(
-        select(*_TURN_COLUMNS).where(messages.c.thread_id == thread_id).order_by(messages.c.id)
-    ).all()
+    rows = conn.execute(_THREAD, {"thread_id": thread_id}).all()
     return [_to_message(row) for row in rows]
 
 
@@ -78,6 +87,20 @@ def message_rows(conn: Connection, thread_id: str) -> Sequence[Row[Any]]:
     return conn.execute(
         select(messages).where(messages.c.thread_id == thread_id).order_by(messages.c.id)
     ).all()
+
+
+def title_and_answered(conn: Connection, thread_id: str) -> tuple[str | None, bool]:
+    """The thread's title, and whether it was ever answered, in one query."""
+    row = conn.execute(_TITLE_AND_ANSWERED, {"thread_id": thread_id}).first()
+    return (row.title, bool(row.answered)) if row is not None else (None, False)
+
+
+_TITLE_AND_ANSWERED = select(
+    threads.c.title,
+    exists()
+    .where(messages.c.thread_id == bindparam("thread_id"), messages.c.role == "assistant")
+    .label("answered"),
+).where(threads.c.id == bindparam("thread_id"))
 
 
 def thread_title(conn: Connection, thread_id: str) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from .db import utcnow
 from .schema import runs, tool_calls
@@ -28,20 +28,22 @@ def insert_call(
     error: str | None = None,
 ) -> None:
     now = utcnow()
-    conn.execute(
-        insert(tool_calls).values(
-            run_id=run_id,
-            call_id=call_id,
-            thread_id=thread_id,
-            name=name,
-            kind=kind,
-            args=args,
-            status=status,
-            error=error,
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    row = {
+        "run_id": run_id,
+        "call_id": call_id,
+        "thread_id": thread_id,
+        "name": name,
+        "kind": kind,
+        "args": args,
+        "status": status,
+        "error": error,
+        "created_at": now,
+        "updated_at": now,
+    }
+    conn.execute(_INSERT, row)
+
+
+_INSERT = insert(tool_calls)
 
 
 def get_call(conn: Connection, run_id: str, call_id: str) -> Row[Any] | None:
@@ -95,11 +97,30 @@ def set_outcome(
     result: Any = None,
     error: str | None = None,
 ) -> None:
-    conn.execute(
-        update(tool_calls)
-        .where(tool_calls.c.run_id == run_id, tool_calls.c.call_id == call_id)
-        .values(status=status, result=result, error=error, updated_at=utcnow())
+    values = {
+        "b_run_id": run_id,
+        "b_call_id": call_id,
+        "b_status": status,
+        "b_result": result,
+        "b_error": error,
+        "b_now": utcnow(),
+    }
+    conn.execute(_OUTCOME, values)
+
+
+_OUTCOME = (
+    update(tool_calls)
+    .where(
+        tool_calls.c.run_id == bindparam("b_run_id"),
+        tool_calls.c.call_id == bindparam("b_call_id"),
     )
+    .values(
+        status=bindparam("b_status"),
+        result=bindparam("b_result", type_=tool_calls.c.result.type),
+        error=bindparam("b_error"),
+        updated_at=bindparam("b_now"),
+    )
+)
 
 
 def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Row[Any]]:

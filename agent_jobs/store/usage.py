@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, select
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -23,41 +25,49 @@ def record_usage(
     model: str | None,
     spent: Usage,
 ) -> None:
-    conn.execute(
-        usage.insert().values(
-            run_id=run_id,
-            thread_id=thread_id,
-            actor=actor,
-            day=day,
-            step=step,
-            kind=kind,
-            model=model,
-            input_tokens=spent.input_tokens,
-            output_tokens=spent.output_tokens,
-            cost=spent.cost,
-            cost_source=spent.cost_source,
-            created_at=utcnow(),
-        )
-    )
+    row = {
+        "run_id": run_id,
+        "thread_id": thread_id,
+        "actor": actor,
+        "day": day,
+        "step": step,
+        "kind": kind,
+        "model": model,
+        "input_tokens": spent.input_tokens,
+        "output_tokens": spent.output_tokens,
+        "cost": spent.cost,
+        "cost_source": spent.cost_source,
+        "created_at": utcnow(),
+    }
+    conn.execute(_RECORD, row)
+
+
+_RECORD = usage.insert()
 
 
 def bump_quota(conn: Connection, *, actor: str, day: str, tokens: int) -> None:
     """Add `tokens` to the actor's count for `day` (an upsert on both dialects)."""
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    statement = dialect_insert(quota_usage).values(actor=actor, day=day, tokens=tokens)
-    conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=[quota_usage.c.actor, quota_usage.c.day],
-            set_={"tokens": quota_usage.c.tokens + statement.excluded.tokens},
-        )
+    conn.execute(_BUMP[conn.dialect.name], {"actor": actor, "day": day, "tokens": tokens})
+
+
+def _bump(dialect_insert: Any) -> Any:
+    statement = dialect_insert(quota_usage)
+    return statement.on_conflict_do_update(
+        index_elements=[quota_usage.c.actor, quota_usage.c.day],
+        set_={"tokens": quota_usage.c.tokens + statement.excluded.tokens},
     )
 
 
+_BUMP = {"postgresql": _bump(pg_insert), "sqlite": _bump(sqlite_insert)}
+
+
+_USED = select(quota_usage.c.tokens).where(
+    quota_usage.c.actor == bindparam("actor"), quota_usage.c.day == bindparam("day")
+)
+
+
 def tokens_used(conn: Connection, *, actor: str, day: str) -> int:
-    value = conn.execute(
-        select(quota_usage.c.tokens).where(quota_usage.c.actor == actor, quota_usage.c.day == day)
-    ).scalar()
-    return int(value or 0)
+    return int(conn.execute(_USED, {"actor": actor, "day": day}).scalar() or 0)
 
 
 def run_usage_rows(conn: Connection, run_id: str) -> list[dict[str, object]]:

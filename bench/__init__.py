@@ -1,0 +1,1 @@
+"""Benchmarks: scripts with a documented command, not timed tests."""

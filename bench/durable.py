@@ -1,0 +1,267 @@
+"""Benchmark of the durable runner: W1, W2 and the floor, measured in one go.
+
+    .venv/bin/python -m bench.durable [--runs 200]
+
+W1: `--runs` runs of an agent whose first two model turns each ask for two reads and
+whose third answers, on one worker with 2 processes: runs/s, p50/p95 per run, journal
+rows, commits, WAL bytes and broker messages per run. W2: one run with eight 0.5 s
+reads on 8 processes: wall time. The floor, measured in the same run: a Celery no-op
+round trip and a Postgres single-row commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+from sqlalchemy import create_engine, func, select, text
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent_jobs.client import Client  # noqa: E402
+from agent_jobs.dispatch import CeleryDispatcher, celery_client  # noqa: E402
+from agent_jobs.settings import Settings  # noqa: E402
+from agent_jobs.store import Store  # noqa: E402
+from agent_jobs.store.db import make_engine, upgrade  # noqa: E402
+from agent_jobs.store.schema import journal, runs  # noqa: E402
+from bench.apps import app  # noqa: E402
+from tests.workers import Process, service_env, start_worker  # noqa: E402
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def fresh_database(admin_url: str, name: str) -> str:
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def pg_commit_floor(url: str, n: int = 500) -> float:
+    """Median seconds of one single-row INSERT and its COMMIT."""
+    with psycopg.connect(libpq(url)) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS floor_commit (id serial primary key, v int)")
+        conn.commit()
+        samples = []
+        for i in range(n):
+            started = time.perf_counter()
+            conn.execute("INSERT INTO floor_commit (v) VALUES (%s)", (i,))
+            conn.commit()
+            samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def celery_floor(broker: str, n: int = 200) -> float:
+    """Median seconds of a no-op task's round trip (send, run, result back)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env.update(FLOOR_BROKER_URL=broker, PYTHONPATH=str(ROOT))
+    proc = Process(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.floor:floor",
+            "worker",
+            "--concurrency=1",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--loglevel=INFO",
+        ],
+        env,
+        "floor",
+    ).start(ready="ready.")
+    os.environ["FLOOR_BROKER_URL"] = broker
+    from bench.floor import noop
+
+    try:
+        for _ in range(20):
+            noop.delay().get(timeout=10)
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            noop.delay().get(timeout=10)
+            samples.append(time.perf_counter() - started)
+    finally:
+        proc.stop()
+    return statistics.median(samples)
+
+
+def pg_counters(url: str) -> tuple[int, int]:
+    """(committed transactions, WAL position in bytes) of the whole cluster's database."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        wal = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert commits is not None and wal is not None
+    return int(commits[0]), int(wal[0])
+
+
+def broker_pushes(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("lpush", "rpush"))
+
+
+def run_all(client: Client, agent: str, n: int, timeout: float) -> tuple[float, list[str]]:
+    started = time.perf_counter()
+    ids = [client.enqueue_run(agent, "go", actor="bench") for _ in range(n)]
+    deadline = time.monotonic() + timeout
+    engine = client.store.engine
+    while True:
+        with engine.connect() as conn:
+            done = conn.execute(
+                select(func.count()).where(
+                    runs.c.id.in_(ids), runs.c.status.in_(("completed", "failed"))
+                )
+            ).scalar_one()
+        if done == n:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {done} of {n} {agent} runs finished in {timeout}s")
+        time.sleep(0.05)
+    return time.perf_counter() - started, ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+
+    url = fresh_database(args.pg, "agent_jobs_bench")
+    broker = f"{args.redis}/9"
+    broker_client = redis.Redis.from_url(broker)
+    broker_client.flushdb()
+
+    figures: dict[str, Any] = {}
+    figures["floor_celery_roundtrip_ms"] = celery_floor(f"{args.redis}/10") * 1000
+    figures["floor_pg_commit_ms"] = pg_commit_floor(url) * 1000
+    figures["floor_redis_roundtrip_ms"] = _redis_floor(broker_client) * 1000
+
+    os.environ["AGENT_JOBS_DATABASE_URL"] = url
+    store = Store.from_url(url)
+    settings = Settings(broker_url=broker, database_url=url)
+    celery = celery_client(broker)
+    client = Client(store, app, settings, CeleryDispatcher(celery))
+    env = service_env(broker, url, AGENT_JOBS_APP="bench.apps:app")
+    env["PYTHONPATH"] = str(ROOT)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+
+    # W1 on one worker with two processes.
+    worker = start_worker(env, concurrency=2, name="w1")
+    try:
+        run_all(client, "w1", 10, 60)  # warm up: forks, connections, imports
+        commits0, wal0 = pg_counters(url)
+        pushes0 = broker_pushes(broker_client)
+        wall, ids = run_all(client, "w1", args.runs, 600)
+        commits1, wal1 = pg_counters(url)
+        pushes1 = broker_pushes(broker_client)
+    finally:
+        worker.stop()
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(runs.c.status, runs.c.created_at, runs.c.finished_at).where(runs.c.id.in_(ids))
+        ).all()
+        journal_rows = conn.execute(
+            select(func.count()).select_from(journal).where(journal.c.run_id.in_(ids))
+        ).scalar_one()
+    failed = [r for r in rows if r.status != "completed"]
+    if failed:
+        raise SystemExit(f"{len(failed)} W1 runs did not complete")
+    latencies = [(r.finished_at - r.created_at).total_seconds() for r in rows]
+    n = args.runs
+    figures.update(
+        w1_runs=n,
+        w1_wall_s=wall,
+        w1_runs_per_s=n / wall,
+        w1_p50_ms=percentile(latencies, 50) * 1000,
+        w1_p95_ms=percentile(latencies, 95) * 1000,
+        w1_journal_rows_per_run=journal_rows / n,
+        w1_commits_per_run=(commits1 - commits0) / n,
+        w1_wal_bytes_per_run=(wal1 - wal0) / n,
+        w1_broker_messages_per_run=(pushes1 - pushes0) / n,
+    )
+
+    # W2: eight half-second reads, enough processes to run them together.
+    worker = start_worker(env, concurrency=8, name="w2")
+    try:
+        run_all(client, "w2", 1, 60)  # warm every process
+        wall, _ = run_all(client, "w2", 1, 60)
+    finally:
+        worker.stop()
+    figures["w2_wall_s"] = wall
+    figures["w1_step_overhead_vs_floor"] = (
+        figures["w1_p50_ms"] / 7 / figures["floor_celery_roundtrip_ms"]
+    )
+
+    celery.close()
+    store.engine.dispose()
+    del tmp
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        report(figures)
+
+
+def _redis_floor(client: redis.Redis, n: int = 1000) -> float:
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        client.ping()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def report(f: dict[str, Any]) -> None:
+    print(
+        f"floor: Celery no-op round trip {f['floor_celery_roundtrip_ms']:.2f} ms, "
+        f"Postgres commit {f['floor_pg_commit_ms']:.2f} ms, Redis round trip "
+        f"{f['floor_redis_roundtrip_ms']:.3f} ms"
+    )
+    print(
+        f"W1 ({f['w1_runs']} runs, 2 worker processes): {f['w1_runs_per_s']:.1f} runs/s, "
+        f"p50 {f['w1_p50_ms']:.1f} ms, p95 {f['w1_p95_ms']:.1f} ms per run"
+    )
+    print(
+        f"   per run: {f['w1_journal_rows_per_run']:.1f} journal rows, "
+        f"{f['w1_commits_per_run']:.1f} commits, {f['w1_wal_bytes_per_run'] / 1024:.1f} kB WAL, "
+        f"{f['w1_broker_messages_per_run']:.1f} broker messages"
+    )
+    print(
+        f"   p50 per remote step (7 a run) = {f['w1_step_overhead_vs_floor']:.1f} x the "
+        "Celery no-op round trip"
+    )
+    print(f"W2 (eight 0.5 s reads, 8 processes): {f['w2_wall_s']:.2f} s wall")
+
+
+if __name__ == "__main__":
+    main()
