@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task, shared_task
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
 from agent_jobs.errors import AgentJobsError
@@ -12,8 +13,12 @@ from agent_jobs.runners.common import RunRequest
 
 from .runtime import runtime
 
+# A database connection that died is dropped from the pool when it fails; the task is
+# tried again shortly on a fresh one (every task here is safe to repeat).
+TRANSIENT = (OperationalError, InterfaceError)
 
-@shared_task(name=START_RUN, bind=True)
+
+@shared_task(name=START_RUN, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
 def start_run(self: Task[Any, str], /, **kwargs: Any) -> str:
     """Start a run from another service's kwargs (CONTRACT §3); its id defaults to ours."""
     runner = runtime(self.app).runner
@@ -27,25 +32,25 @@ def start_run(self: Task[Any, str], /, **kwargs: Any) -> str:
     return f"{run_id} {runner.coordinate(run_id)}"
 
 
-@shared_task(name=COORDINATE, bind=True)
+@shared_task(name=COORDINATE, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
 def coordinate(self: Task[Any, str], run_id: str) -> str:
     """Re-drive a run: replay its journal, schedule what is missing, suspend."""
     return f"{run_id} {runtime(self.app).runner.coordinate(run_id)}"
 
 
-@shared_task(name=MODEL_TURN, bind=True)
+@shared_task(name=MODEL_TURN, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
 def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
     """Call the model for one step of a run, streaming its text to the run's stream."""
     return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step)}"
 
 
-@shared_task(name=INVOKE_TOOL, bind=True)
+@shared_task(name=INVOKE_TOOL, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
 def invoke_tool(self: Task[Any, str], run_id: str, step: str) -> str:
     """Invoke one tool call of a run."""
     return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step)}"
 
 
-@shared_task(name=SWEEP, bind=True)
+@shared_task(name=SWEEP, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
 def sweep(self: Task[Any, str]) -> str:
     """Re-drive runs that made no progress for a while (Celery beat runs this)."""
     return f"re-drove {runtime(self.app).runner.sweep()} runs"
