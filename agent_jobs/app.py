@@ -10,9 +10,13 @@ from typing import Any, TypeVar, overload
 from .errors import AppLoadError, ConfigurationError, UnknownAgentError
 from .messages import ModelSettings, ToolSpec
 from .models.base import Model
+from .prestep import PreStepListener
+from .retry import RequestErrorMiddleware
 from .tools import Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
+PreStepListenerT = TypeVar("PreStepListenerT", bound=PreStepListener)
+RequestErrorMiddlewareT = TypeVar("RequestErrorMiddlewareT", bound=RequestErrorMiddleware)
 
 QuotaSetting = int | Callable[[str], int | None] | None
 
@@ -56,6 +60,7 @@ class AgentSpec:
 
     def model_settings(self) -> ModelSettings:
         return ModelSettings(
+            provider=self.options.provider,
             model=self.options.model,
             max_tokens=self.options.max_tokens,
             reasoning_effort=self.options.reasoning_effort,
@@ -77,6 +82,8 @@ class AgentApp:
         self.registry = ToolRegistry()
         self.agents: dict[str, AgentSpec] = {}
         self.personas: dict[str, Persona] = {}
+        self.pre_step_listeners: list[PreStepListener] = []
+        self.request_error_chain: list[RequestErrorMiddleware] = []
         self._quota = quota
 
     # --- definitions -----------------------------------------------------------------
@@ -169,6 +176,20 @@ class AgentApp:
         persona = Persona(name, prompt, frozenset(tools) if tools is not None else None)
         self.personas[name] = persona
         return persona
+
+    def before_step(self, listener: PreStepListenerT) -> PreStepListenerT:
+        """Register a pre-step listener: it may reject a step or enter it with messages.
+
+        Listeners run inside the step's checkpoint, so a replay reads their decision
+        back instead of asking again.
+        """
+        self.pre_step_listeners.append(listener)
+        return listener
+
+    def on_request_error(self, middleware: RequestErrorMiddlewareT) -> RequestErrorMiddlewareT:
+        """Add a middleware to the request-error waterfall (see `agent_jobs.retry`)."""
+        self.request_error_chain.append(middleware)
+        return middleware
 
     # --- lookups ---------------------------------------------------------------------
 

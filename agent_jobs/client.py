@@ -10,12 +10,13 @@ import threading
 import time
 from typing import Any, Literal
 
+from . import session
 from .app import AgentApp, load_app
 from .approvals import record_decision
 from .dispatch import CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision
-from .runners.common import RunRequest, check_request, create_run, new_id
+from .runners.common import RunRequest, check_request, create_run, new_id, start_next_turn
 from .settings import Settings, get_settings
 from .store import RunView, Store
 
@@ -137,6 +138,80 @@ class Client:
     def reject(self, run_id: str, call_id: str, *, actor: str, reason: str | None = None) -> bool:
         return self.decide(run_id, call_id, "reject", actor=actor, reason=reason)
 
+    # --- the session runtime -----------------------------------------------------------
+
+    def post_message(self, run_or_thread: str, text: str, *, target: str = "next-step") -> str:
+        """Queue a message on a thread's inbox (by run or thread id); returns the thread.
+
+        `next-step` steers the running turn at its next step boundary; `next-turn`
+        becomes the next request when the turn ends, or starts a turn at once on an idle
+        thread (durable threads: this process enqueues it).
+        """
+        next_run: str | None = None
+        with self.store.begin() as conn:
+            thread_id, _ = session.resolve_thread(conn, run_or_thread)
+            active = session.active_run(conn, thread_id)
+            session.push(conn, thread_id, active.id if active else None, target, text)
+            last = session.last_run(conn, thread_id) if active is None else None
+            if target == "next-turn" and last is not None and last.runner == "durable":
+                next_run = start_next_turn(conn, self.app, RunView.from_row(last), runner="durable")
+        if next_run is not None:
+            self._broker().coordinate(next_run)
+        return thread_id
+
+    def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:
+        """Cancel a run and its children; each stops at its next boundary.
+
+        Returns the ids of the runs asked to stop (none when the run already ended).
+        """
+        with self.store.begin() as conn:
+            affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
+        for target in affected:
+            self.wake(target)
+        return affected
+
+    def select_model(
+        self,
+        run_or_thread: str,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        reasoning_effort: str | None = None,
+    ) -> str:
+        """Switch a thread's model: it applies from the next step that assembles a prompt."""
+        selection = session.ModelSelection(
+            provider=provider, model=model, reasoning_effort=reasoning_effort
+        )
+        with self.store.begin() as conn:
+            thread_id, _ = session.resolve_thread(conn, run_or_thread)
+            session.select_model(conn, thread_id, selection)
+        return thread_id
+
+    def events(self, run_or_thread: str) -> list[session.Event]:
+        """The session log of a thread (or of the thread a run belongs to)."""
+        with self.store.begin() as conn:
+            thread_id, _ = session.resolve_thread(conn, run_or_thread)
+            return session.thread_events(conn, thread_id)
+
+    def status(self, run_or_thread: str) -> str:
+        """`idle` or `running`: the thread's agent, folded from its session log."""
+        with self.store.begin() as conn:
+            thread_id, _ = session.resolve_thread(conn, run_or_thread)
+            return session.fold_status(
+                session.thread_events(conn, thread_id, types=[session.STATUS])
+            )
+
+    def when_idle(
+        self, run_or_thread: str, timeout: float | None = None, *, poll: float = 0.05
+    ) -> bool:
+        """Block until the thread's agent is idle; at once if it is. False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.status(run_or_thread) != "idle":
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+        return True
+
 
 _default: Client | None = None
 _default_lock = threading.Lock()
@@ -177,6 +252,22 @@ def decide(
     )
 
 
+def post_message(run_or_thread: str, text: str, *, target: str = "next-step") -> str:
+    return default_client().post_message(run_or_thread, text, target=target)
+
+
+def cancel(run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:
+    return default_client().cancel(run_id, cause, keep_inbox=keep_inbox)
+
+
+def events(run_or_thread: str) -> list[session.Event]:
+    return default_client().events(run_or_thread)
+
+
+def when_idle(run_or_thread: str, timeout: float | None = None) -> bool:
+    return default_client().when_idle(run_or_thread, timeout)
+
+
 def approve(run_id: str, call_id: str, *, actor: str, reason: str | None = None) -> bool:
     return default_client().approve(run_id, call_id, actor=actor, reason=reason)
 
@@ -189,10 +280,14 @@ __all__ = [
     "Client",
     "UnknownRunError",
     "approve",
+    "cancel",
     "decide",
     "default_client",
     "enqueue_run",
+    "events",
     "get_run",
+    "post_message",
     "reject",
     "wait",
+    "when_idle",
 ]

@@ -44,7 +44,7 @@ def routing_config() -> dict[str, Any]:
 class Dispatcher(Protocol):
     """Enqueues work; called only after the transaction that scheduled it committed."""
 
-    def coordinate(self, run_id: str) -> None: ...
+    def coordinate(self, run_id: str, *, countdown: float | None = None) -> None: ...
 
     def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
         """Enqueue remote steps given as (task name, step name); several go as one group."""
@@ -64,8 +64,8 @@ class CeleryDispatcher:
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
 
-    def coordinate(self, run_id: str) -> None:
-        self.celery.send_task(COORDINATE, args=[run_id], queue=QUEUE)
+    def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
+        self.celery.send_task(COORDINATE, args=[run_id], queue=QUEUE, countdown=countdown)
 
     def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
         if not steps:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 
 class AgentJobsError(Exception):
@@ -136,6 +136,15 @@ class ModelError(TurnError):
         return self.kind in RETRYABLE_MODEL_ERRORS
 
 
+class StepRejectedError(TurnError):
+    """A pre-step listener refused to let the turn take its next step."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        self.step = step
+        self.reason = reason
+        super().__init__(f"step {step} was rejected by a pre-step listener: {reason}")
+
+
 class StepFailedError(TurnError):
     """A checkpointed step failed for good (for example after its retries ran out)."""
 
@@ -212,6 +221,23 @@ class ControlFlowSignal(BaseException):
     Derives from BaseException so that `except Exception` in user code cannot
     swallow a suspend by accident.
     """
+
+
+class Cancelled(ControlFlowSignal):
+    """The run was cancelled; it stops at the boundary where this is raised."""
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__(cause)
+
+
+class RetryLater(ControlFlowSignal):
+    """A remote step asks to be delivered again after `delay` seconds (no worker sleeps)."""
+
+    def __init__(self, delay: float, event: tuple[str, str | None, str, dict[str, Any]]) -> None:
+        self.delay = delay
+        self.event = event
+        super().__init__(f"retry in {delay:.2f}s")
 
 
 class Suspend(ControlFlowSignal):

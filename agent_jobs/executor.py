@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import Connection
 
-from . import diagnostics
+from . import diagnostics, prestep, session
 from .app import AgentApp
 from .errors import ToolError
 from .messages import Message
@@ -33,6 +33,8 @@ from .steps import (
     PersistToolCall,
     PersistToolExec,
     PersistUserMessage,
+    Prepared,
+    PrepareStep,
     QuotaCheck,
     QuotaVerdict,
     RecordUsage,
@@ -40,6 +42,7 @@ from .steps import (
     ThreadSnapshot,
     ToolOutcome,
 )
+from .store import events as event_rows
 from .store import threads, toolcalls
 from .store import usage as usage_store
 from .stream import RunStream
@@ -55,9 +58,18 @@ class StepEnv:
     app: AgentApp
     stream: RunStream
     frames: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    events: list[event_rows.PendingEvent] = field(default_factory=list)
 
     def emit_after_commit(self, type: str, **fields: Any) -> None:
         self.frames.append((type, fields))
+
+    def event(self, thread_id: str, run_id: str | None, type: str, **data: Any) -> None:
+        """Add an event to the session log, written with the step's transaction."""
+        self.events.append((thread_id, run_id, type, data))
+
+    def flush_events(self, conn: Connection) -> None:
+        pending, self.events = self.events, []
+        event_rows.append(conn, pending)
 
     def flush(self) -> None:
         frames, self.frames = self.frames, []
@@ -65,6 +77,7 @@ class StepEnv:
 
     def discard(self) -> None:
         self.frames.clear()
+        self.events.clear()
 
 
 # --- local steps -------------------------------------------------------------------
@@ -161,6 +174,16 @@ def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) ->
     env.emit_after_commit(
         "tool_call", call_id=call.id, tool=call.name, args=call.args, kind=kind, status=status
     )
+    env.event(
+        intent.thread_id,
+        intent.run_id,
+        "tool/call",
+        call_id=call.id,
+        tool=call.name,
+        kind=kind,
+        status=status,
+        error=error,
+    )
     return CallVerdict(kind=kind, status=status, error=error)
 
 
@@ -185,6 +208,14 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
         result=intent.result,
         error=intent.error,
     )
+    env.event(
+        intent.thread_id,
+        intent.run_id,
+        "tool/result",
+        call_id=call.id,
+        tool=call.name,
+        status=intent.status,
+    )
     diagnostics.publish(
         f"tool.{intent.status}",
         lambda: {
@@ -197,6 +228,48 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
     return Persisted(message_id=message_id)
 
 
+def _prepare(intent: Any, conn: Connection, env: StepEnv, step: str) -> Prepared:
+    """The step boundary, decided once: steering, the model selection, the listeners."""
+    env.flush_events(conn)  # keep the log in order: earlier events of this pass first
+    thread_id, run_id = intent.thread_id, intent.run_id
+    claimed = session.claim_next_step(conn, thread_id, run_id)
+    selection = session.fold_selection(
+        session.thread_events(conn, thread_id, types=[session.SELECTED])
+    )
+    settings = intent.defaults
+    if selection is not None:
+        # Captured now, applied when sending: a later switch waits for a later step.
+        # A selection that names no reasoning effort clears the inherited one.
+        settings = settings.model_copy(
+            update={
+                "provider": selection.provider or settings.provider,
+                "model": selection.model or settings.model,
+                "reasoning_effort": selection.reasoning_effort,
+            }
+        )
+    context = prestep.PreStepContext(
+        run_id=run_id,
+        thread_id=thread_id,
+        agent=intent.agent,
+        actor=intent.actor,
+        step=intent.step,
+        claimed=claimed,
+    )
+    decision = prestep.decide(env.app.pre_step_listeners, context)
+    if decision.kind == "reject":
+        reason = decision.reason or "rejected"
+        return Prepared(claimed=claimed, rejected=reason, settings=settings)
+    for text in [*claimed, *decision.messages]:
+        threads.append_message(conn, thread_id, run_id, Message(role="user", content=text))
+    env.event(thread_id, run_id, "step/start", step=intent.step, claimed=len(claimed))
+    return Prepared(
+        claimed=claimed,
+        messages=decision.messages,
+        new_series=decision.starts_request_series,
+        settings=settings,
+    )
+
+
 def _set_title(intent: Any, conn: Connection, env: StepEnv, step: str) -> Done:
     threads.set_title(conn, intent.thread_id, intent.title)
     return Done()
@@ -206,6 +279,7 @@ _LOCAL: dict[type[Intent], Callable[[Any, Connection, StepEnv, str], BaseModel]]
     QuotaCheck: _quota_check,
     PersistUserMessage: _persist_user,
     LoadThread: _load_thread,
+    PrepareStep: _prepare,
     RecordUsage: _record_usage,
     PersistAssistant: _persist_assistant,
     PersistToolCall: _persist_toolcall,

@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from .app import AgentApp, AgentSpec, Persona
-from .errors import MaxStepsExceededError, QuotaExceededError, StepFailedError
+from .errors import (
+    MaxStepsExceededError,
+    QuotaExceededError,
+    StepFailedError,
+    StepRejectedError,
+)
 from .hooks import (
     ApprovalWait,
     Delegation,
@@ -41,6 +46,8 @@ from .steps import (
     PersistToolCall,
     PersistToolExec,
     PersistUserMessage,
+    Prepared,
+    PrepareStep,
     QuotaCheck,
     QuotaVerdict,
     RecordUsage,
@@ -113,7 +120,24 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
     tools = _Tools(turn, deps, hooks, offered)
     seen: set[str] = set()
 
+    defaults = deps.agent.model_settings()
     for n in range(1, deps.agent.max_steps + 1):
+        # The step boundary: steering from the inbox, the model selection, the gates.
+        boundary = PrepareStep(
+            run_id=turn.run_id,
+            thread_id=turn.thread_id,
+            agent=deps.agent.name,
+            actor=turn.actor,
+            step=n,
+            defaults=defaults,
+        )
+        prepared = _step(hooks, f"prepare:{n}", boundary, Prepared)
+        if prepared.rejected is not None:
+            raise StepRejectedError(n, prepared.rejected)
+        carried = [
+            Message(role="user", content=text) for text in [*prepared.claimed, *prepared.messages]
+        ]
+        history = carried if prepared.new_series else [*history, *carried]
         request = ModelRequest(
             run_id=turn.run_id,
             agent=deps.agent.name,
@@ -121,7 +145,7 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
             system=deps.system_prompt,
             messages=history,
             tools=specs,
-            settings=deps.agent.model_settings(),
+            settings=prepared.settings,
         )
         reply = _step(hooks, f"model:{n}", ModelTurn(request=request), ModelResponse)
         usage = RecordUsage(

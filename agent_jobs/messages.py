@@ -67,6 +67,7 @@ class ToolSpec(BaseModel):
 class ModelSettings(BaseModel):
     """Per-request knobs a model adapter may honour."""
 
+    provider: str | None = None
     model: str | None = None
     max_tokens: int | None = None
     reasoning_effort: str | None = None

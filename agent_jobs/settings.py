@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     # hold back a new loop shape, and new runs then record the old one.
     disabled_patches: str = ""
 
+    # The model provider failing: the default of the request-error waterfall.
+    model_max_retries: int = 3
+    model_retry_base_delay: float = 1.0  # seconds; doubled per retry, with jitter
+    model_retry_max_delay: float = 60.0
+
     # The live stream.
     stream_maxlen: int = 10_000
     stream_ttl: int = 3600

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from .messages import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from .messages import Message, ModelRequest, ModelResponse, ModelSettings, ToolCall, Usage
 
 
 class Intent(BaseModel):
@@ -58,6 +58,16 @@ class CallVerdict(BaseModel):
     error: str | None = None
 
 
+class Prepared(BaseModel):
+    """What a step carries in, decided once at its boundary (a replay reads it back)."""
+
+    claimed: list[str] = Field(default_factory=list)  # steering taken from the inbox
+    messages: list[str] = Field(default_factory=list)  # carried in by pre-step listeners
+    new_series: bool = False
+    rejected: str | None = None
+    settings: ModelSettings = Field(default_factory=ModelSettings)
+
+
 class ToolOutcome(BaseModel):
     ok: bool
     result: Any = None
@@ -89,6 +99,19 @@ class LoadThread(Intent):
     run_id: str
     thread_id: str
     message_limit: int | None = None
+
+
+class PrepareStep(Intent):
+    """The step boundary: claim steering, capture the model selection, ask listeners."""
+
+    type: Literal["prepare_step"] = "prepare_step"
+    result_type = Prepared
+    run_id: str
+    thread_id: str
+    agent: str
+    actor: str
+    step: int
+    defaults: ModelSettings
 
 
 class ModelTurn(Intent):
@@ -166,6 +189,7 @@ AnyIntent = Annotated[
     QuotaCheck
     | PersistUserMessage
     | LoadThread
+    | PrepareStep
     | ModelTurn
     | RecordUsage
     | PersistAssistant

@@ -7,7 +7,8 @@ import threading
 from dataclasses import dataclass
 
 import redis
-from celery import Celery
+from celery import Celery, current_app
+from celery.signals import worker_process_init
 
 from agent_jobs.app import load_app
 from agent_jobs.dispatch import CeleryDispatcher
@@ -49,3 +50,9 @@ def runtime(celery: Celery) -> Runtime:
             )
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime
+
+
+@worker_process_init.connect
+def _warm(**_: object) -> None:
+    """Build the runner as each worker process starts, not on its first task."""
+    runtime(current_app)

@@ -8,7 +8,7 @@ from celery import Task, shared_task
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
-from agent_jobs.errors import AgentJobsError
+from agent_jobs.errors import AgentJobsError, RetryLater
 from agent_jobs.runners.common import RunRequest
 
 from .runtime import runtime
@@ -41,7 +41,13 @@ def coordinate(self: Task[Any, str], run_id: str) -> str:
 @shared_task(name=MODEL_TURN, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
 def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
     """Call the model for one step of a run, streaming its text to the run's stream."""
-    return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step)}"
+    runner = runtime(self.app).runner
+    try:
+        return f"{run_id} {runner.execute_step(run_id, step, retries=self.request.retries)}"
+    except RetryLater as later:
+        # The request-error waterfall asked for a retry: Celery's countdown waits, no
+        # worker sleeps.
+        raise self.retry(countdown=later.delay, max_retries=None) from None
 
 
 @shared_task(name=INVOKE_TOOL, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)

@@ -243,7 +243,7 @@ class Recorder:
         self.sent: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def coordinate(self, run_id: str) -> None:
+    def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
         with self.lock:
             self.sent.append(("coordinate", run_id))
 
@@ -290,7 +290,7 @@ def test_two_coordinators_at_once_make_one_decision(local: Any) -> None:
     assert recorder.sent == [(MODEL_TURN, "model:1")]
     assert sorted(outcomes) == ["waiting model:1", "waiting model:1"]
     steps = [j["step"] for j in runner.store.journal(run_id)]
-    assert steps == ["quota:check", "persist:user", "load:thread", "model:1"]
+    assert steps == ["quota:check", "persist:user", "load:thread", "prepare:1", "model:1"]
 
 
 def test_a_result_that_lands_mid_replay_is_not_lost(local: Any) -> None:

@@ -154,3 +154,10 @@ def test_unknown_run_is_a_typed_error(store: Store) -> None:
     with pytest.raises(UnknownRunError):
         store.get_run("nope")
     assert store.find_run("nope") is None
+
+
+def test_the_head_constant_is_alembics_head() -> None:
+    from agent_jobs.migrations import HEAD
+    from agent_jobs.store.db import head_revision
+
+    assert head_revision() == HEAD

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import Connection
 
+from .. import session
 from ..app import AgentApp
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, StepRejectedError
+from ..executor import StepEnv
 from ..loop import LoopDeps, TurnInput
 from ..settings import Settings
 from ..store import RunView, threads
 from ..store import runs as run_rows
+from ..store.db import utcnow
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 
@@ -72,14 +76,18 @@ def create_run(
     run_id: str,
     runner: str,
     status: run_rows.RunStatus,
+    app: AgentApp | None = None,
     parent_run_id: str | None = None,
     root_run_id: str | None = None,
     depth: int = 0,
 ) -> bool:
-    """Write the thread (if new) and the run row; False when the run already exists."""
+    """Write the thread (if new) and the run row; False when the run already exists.
+
+    With the app at hand, an agent's `default_timeout` becomes the run's deadline.
+    """
     thread_id = request.thread_id or run_id
     threads.ensure_thread(conn, thread_id)
-    return run_rows.insert_run(
+    created = run_rows.insert_run(
         conn,
         run_id=run_id,
         thread_id=thread_id,
@@ -95,6 +103,10 @@ def create_run(
         root_run_id=root_run_id,
         depth=depth,
     )
+    timeout = app.get_agent(request.agent).options.default_timeout if app is not None else None
+    if created and timeout:
+        run_rows.set_deadline(conn, run_id, utcnow() + timedelta(seconds=timeout))
+    return created
 
 
 def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput, LoopDeps]:
@@ -123,3 +135,107 @@ def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput
 def waiting_label(tool: str, call_id: str) -> str:
     """How a parked run says where it stands, e.g. `awaiting_approval refund call_2`."""
     return f"awaiting_approval {tool} {call_id}"
+
+
+# --- the turn's lifecycle, shared by both runners --------------------------------------
+
+
+def start_turn(env: StepEnv, run: RunView) -> None:
+    """The thread's agent goes from idle to running."""
+    env.event(run.thread_id, run.run_id, "turn/start", request=run.input, agent=run.agent)
+    env.event(run.thread_id, run.run_id, "agent/status", status="running")
+
+
+def finish_turn(
+    conn: Connection,
+    env: StepEnv,
+    app: AgentApp,
+    run: RunView,
+    ending: Ending,
+) -> str | None:
+    """Record the run's end and the turn's; start the next turn if one is queued.
+
+    Returns the id of a run created from the `next-turn` inbox, if any.
+    """
+    run_rows.finish_run(
+        conn,
+        run.run_id,
+        ending.status,
+        output=ending.output,
+        error=ending.error,
+        error_type=ending.error_type,
+    )
+    env.flush_events(conn)
+    if ending.status == "cancelled" and not ending.keep_inbox:
+        session.clear(conn, run.thread_id, run.run_id)
+    if run.status != "queued":  # a run cancelled before it began never opened a turn
+        data: dict[str, Any] = {"reason": ending.reason}
+        if ending.cause:
+            data["cause"] = ending.cause
+        env.event(run.thread_id, run.run_id, "turn/end", **data)
+        env.event(run.thread_id, run.run_id, "agent/status", status="idle")
+    env.flush_events(conn)
+    if ending.status != "completed" or run.parent_run_id is not None:
+        return None
+    return start_next_turn(conn, app, run, runner=run.runner)
+
+
+def start_next_turn(
+    conn: Connection, app: AgentApp, previous: RunView, *, runner: str
+) -> str | None:
+    """Turn the first `next-turn` message of the thread into a new run (queued)."""
+    run_id = new_id()
+    text = session.claim_next_turn(conn, previous.thread_id, run_id)
+    if text is None:
+        return None
+    request = RunRequest(
+        agent=previous.agent,
+        input=text,
+        actor=previous.actor,
+        thread_id=previous.thread_id,
+        persona=previous.persona,
+        metadata={"after_run": previous.run_id},
+    )
+    status: run_rows.RunStatus = "queued" if runner == "durable" else "running"
+    create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
+    return run_id
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run ended, and so how its turn ended."""
+
+    status: Literal["completed", "failed", "cancelled"]
+    reason: session.TurnEndReason
+    output: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+    cause: str | None = None
+    keep_inbox: bool = False
+
+    @classmethod
+    def completed(cls, output: str) -> Ending:
+        return cls("completed", "completed", output=output)
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> Ending:
+        reason: session.TurnEndReason = "blocked" if isinstance(exc, StepRejectedError) else "error"
+        return cls("failed", reason, error=str(exc), error_type=type(exc).__name__)
+
+    @classmethod
+    def cancelled(cls, cause: str, keep_inbox: bool) -> Ending:
+        return cls(
+            "cancelled",
+            session.end_reason(cause),
+            error=f"cancelled ({cause})",
+            error_type="Cancelled",
+            cause=cause,
+            keep_inbox=keep_inbox,
+        )
+
+    @property
+    def frame(self) -> tuple[str, dict[str, Any]]:
+        """The stream's last frame for this ending."""
+        if self.status == "completed":
+            return "done", {"output": self.output}
+        return "error", {"error": self.error, "error_type": self.error_type}

@@ -24,25 +24,43 @@ from typing import Any, Literal
 from sqlalchemy import Connection, and_, exists, select
 from sqlalchemy.exc import DBAPIError
 
-from .. import diagnostics
+from .. import diagnostics, session
 from ..app import AgentApp
 from ..approvals import approval_step, decision_from_call
 from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher
-from ..errors import AgentJobsError, NonDeterminismError, StepFailedError, Suspend
+from ..errors import (
+    AgentJobsError,
+    ModelError,
+    NonDeterminismError,
+    RetryLater,
+    StepFailedError,
+    Suspend,
+)
 from ..executor import StepEnv, execute_local, execute_remote
 from ..hooks import ApprovalWait, Decision, LoopHooks, Patch, SinkOpen, StepCall, TurnSink
 from ..leases import Leases
 from ..loop import run_agent_loop
+from ..retry import RequestErrorPayload, resolve
 from ..settings import Settings
 from ..steps import Intent, InvokeTool, ModelTurn, dump, parse_intent
 from ..store import RunView, Store, toolcalls
+from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..store.schema import journal as journal_table
 from ..store.schema import runs as runs_table
 from ..stream import RunStream, StreamBackend
-from .common import RunRequest, check_request, create_run, turn_for, waiting_label
+from .common import (
+    Ending,
+    RunRequest,
+    check_request,
+    create_run,
+    finish_turn,
+    start_turn,
+    turn_for,
+    waiting_label,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +234,7 @@ class Completion:
     error: str | None = None
     attempt: int | None = None
     started_at: datetime | None = None
+    events: tuple[event_rows.PendingEvent, ...] = ()
 
 
 class DurableRunner:
@@ -246,7 +265,9 @@ class DurableRunner:
         """Validate the request and write the run row (queued); False if it exists."""
         check_request(self.app, request)
         with self.store.begin() as conn:
-            return create_run(conn, request, run_id=run_id, runner="durable", status="queued")
+            return create_run(
+                conn, request, run_id=run_id, runner="durable", status="queued", app=self.app
+            )
 
     # --- the coordinator ---------------------------------------------------------------
 
@@ -265,12 +286,17 @@ class DurableRunner:
             return self._fail(run_id, exc)
 
     def _coordinate(self, run_id: str, completion: Completion | None) -> str:
-        ended: tuple[str, dict[str, Any]] | None = None
+        ending: Ending | None = None
+        next_run: str | None = None
+        hooks: DurableHooks | None = None
+        wake_at_deadline: datetime | None = None
         with self.store.begin() as conn:
             row = run_rows.get_run(conn, run_id, for_update=True)
             if row is None:
                 return f"unknown run {run_id}"
             run = RunView.from_row(row)
+            stream = RunStream(self.streams, run.root_run_id, run_id)
+            env = StepEnv(app=self.app, stream=stream)
             if completion is not None:
                 journal_rows.complete(
                     conn,
@@ -282,44 +308,64 @@ class DurableRunner:
                     attempts=completion.attempt,
                     started_at=completion.started_at,
                 )
+                env.events.extend(completion.events)
             if run.finished:
-                return run.status
-            rows = list(journal_rows.load_for_replay(conn, run_id))
-            if self.before_replay is not None:
-                self.before_replay(run_id)
-            stream = RunStream(self.streams, run.root_run_id, run_id)
-            env = StepEnv(app=self.app, stream=stream)
-            hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)
-            if run.status == "queued":
-                diagnostics.publish("run.started", lambda: {"run_id": run_id, "agent": run.agent})
-            try:
-                turn, deps = turn_for(self.app, run, self.settings)
-                result = run_agent_loop(turn, deps, hooks)
-            except Suspend:
-                journal_rows.insert_many(conn, hooks.new_rows)
-                outcome = self._park(conn, run, hooks)
-            except AgentJobsError as exc:
-                journal_rows.insert_many(conn, hooks.new_rows)
-                outcome = f"failed: {exc}"
-                message, error_type = str(exc), type(exc).__name__
-                run_rows.finish_run(conn, run_id, "failed", error=message, error_type=error_type)
-                ended = ("error", {"error": message, "error_type": error_type})
+                env.flush_events(conn)
+                return run.status  # a late result of a finished run changes nothing else
+            cause = self._cancel_cause(conn, run)
+            if cause is not None:
+                ending = Ending.cancelled(cause, run.cancel_keep_inbox)
+                outcome = f"cancelled: {cause}"
+                next_run = finish_turn(conn, env, self.app, run, ending)
             else:
+                if run.status == "queued":
+                    start_turn(env, run)
+                    wake_at_deadline = run.deadline
+                    diagnostics.publish(
+                        "run.started", lambda: {"run_id": run_id, "agent": run.agent}
+                    )
+                rows = list(journal_rows.load_for_replay(conn, run_id))
+                if self.before_replay is not None:
+                    self.before_replay(run_id)
+                hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)
+                try:
+                    turn, deps = turn_for(self.app, run, self.settings)
+                    result = run_agent_loop(turn, deps, hooks)
+                except Suspend:
+                    outcome = self._park(conn, run, hooks)
+                except AgentJobsError as exc:
+                    ending = Ending.failed(exc)
+                    outcome = f"failed: {exc}"
+                else:
+                    ending = Ending.completed(result.output)
+                    outcome = "completed"
                 journal_rows.insert_many(conn, hooks.new_rows)
-                outcome = "completed"
-                run_rows.finish_run(conn, run_id, "completed", output=result.output)
-                ended = ("done", {"output": result.output})
+                if ending is not None:
+                    next_run = finish_turn(conn, env, self.app, run, ending)
+            env.flush_events(conn)
         # Committed: now the world may hear of it.
         env.flush()
-        self.dispatcher.steps(run_id, hooks.to_dispatch)
-        if ended is not None:
-            kind, fields = ended
+        if hooks is not None:
+            self.dispatcher.steps(run_id, hooks.to_dispatch)
+        if ending is not None:
+            kind, fields = ending.frame
             stream.emit(kind, **fields)
             stream.end()
-            diagnostics.publish(
-                "run.finished", lambda: {"run_id": run_id, "status": outcome.split(":")[0]}
-            )
+            diagnostics.publish("run.finished", lambda: {"run_id": run_id, "status": ending.status})
+        if next_run is not None:
+            self.dispatcher.coordinate(next_run)
+        if wake_at_deadline is not None and ending is None:
+            # Be there when the deadline passes, even if the run is then parked.
+            left = (wake_at_deadline - utcnow()).total_seconds()
+            self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
         return outcome
+
+    def _cancel_cause(self, conn: Connection, run: RunView) -> str | None:
+        """The cause to stop the run for now, if any (a passed deadline is one)."""
+        if run.cancel_cause is None and run.deadline is not None and utcnow() >= run.deadline:
+            session.request_cancel(conn, run.run_id, "timeout")
+            return "timeout"
+        return run.cancel_cause
 
     def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
         parked = hooks.parked
@@ -347,8 +393,13 @@ class DurableRunner:
 
     # --- step tasks --------------------------------------------------------------------
 
-    def execute_step(self, run_id: str, step: str) -> str:
-        """Carry out one remote step, then write its result and re-drive the run at once."""
+    def execute_step(self, run_id: str, step: str, *, retries: int = 0) -> str:
+        """Carry out one remote step, then write its result and re-drive the run at once.
+
+        `retries` is how often the step was deliberately retried (Celery's count). A
+        model error the waterfall wants retried raises `RetryLater`: the task adapter
+        hands it to Celery's retry countdown, so no worker sleeps.
+        """
         with self.store.connect() as conn:
             row = journal_rows.get_with_run(conn, run_id, step)
         if row is None:
@@ -363,7 +414,8 @@ class DurableRunner:
         if attempt is None:
             return f"{step} already running"  # a duplicate delivery
         try:
-            if attempt > settings.step_max_attempts:
+            # Deliberate retries do not count against the attempts a crashing step gets.
+            if attempt > settings.step_max_attempts + retries:
                 completion = Completion(
                     step,
                     "failed",
@@ -374,12 +426,19 @@ class DurableRunner:
                     attempt=attempt - 1,
                 )
             else:
-                completion = self._run_step(row, step, token, attempt)
+                completion = self._run_step(row, step, token, attempt, retries)
             return f"{step} {completion.state}; {self.coordinate(run_id, completion)}"
+        except RetryLater as later:
+            with self.store.begin() as conn:
+                # Keep the sweep off the step until its retry is due.
+                until = utcnow() + timedelta(seconds=later.delay + settings.step_lease)
+                journal_rows.hold(conn, run_id, step, until=until)
+                event_rows.append(conn, [later.event])
+            raise
         finally:
             self.leases.release(run_id, step, token)
 
-    def _run_step(self, row: Any, step: str, token: str, attempt: int) -> Completion:
+    def _run_step(self, row: Any, step: str, token: str, attempt: int, retries: int) -> Completion:
         run_id = row.run_id
         stream = RunStream(self.streams, row.root_run_id, run_id)
         if attempt > 1:
@@ -391,13 +450,73 @@ class DurableRunner:
         with self._heartbeat(run_id, step, token, attempt, started):
             try:
                 result = dump(execute_remote(intent, env, step))
+            except ModelError as failure:
+                return self._model_failed(row, step, failure, attempt, retries, started)
             except Exception as exc:
                 log.info("step %s of run %s failed: %s", step, run_id, exc)
-                error = (
+                message = (
                     str(exc) if isinstance(exc, AgentJobsError) else f"{type(exc).__name__}: {exc}"
                 )
-                return Completion(step, "failed", error=error, attempt=attempt, started_at=started)
-        return Completion(step, "done", result=result, attempt=attempt, started_at=started)
+                return Completion(
+                    step, "failed", error=message, attempt=attempt, started_at=started
+                )
+        events: tuple[event_rows.PendingEvent, ...] = ()
+        if isinstance(intent, ModelTurn):
+            request = {"step": step, "attempt": attempt, "outcome": "ok"}
+            events = ((row.thread_id, run_id, "agent/request", request),)
+        return Completion(
+            step, "done", result=result, attempt=attempt, started_at=started, events=events
+        )
+
+    def _model_failed(
+        self,
+        row: Any,
+        step: str,
+        error: ModelError,
+        attempt: int,
+        retries: int,
+        started: datetime,
+    ) -> Completion:
+        """Ask the request-error waterfall: retry later, or fail the step for good."""
+        settings = self.settings
+        payload = RequestErrorPayload(
+            error=error,
+            run_id=row.run_id,
+            step=step,
+            retry_count=retries,
+            max_retries=settings.model_max_retries,
+        )
+        action = resolve(
+            self.app.request_error_chain,
+            payload,
+            base_delay=settings.model_retry_base_delay,
+            max_delay=settings.model_retry_max_delay,
+        )
+        event = (
+            row.thread_id,
+            row.run_id,
+            "agent/request",
+            {
+                "step": step,
+                "attempt": attempt,
+                "outcome": "error",
+                "kind": error.kind,
+                "action": action.kind,
+                "delay": action.delay,
+                "reason": action.reason,
+            },
+        )
+        log.info("model step %s of run %s: %s", step, row.run_id, action.reason)
+        if action.kind == "retry":
+            raise RetryLater(action.delay, event)
+        return Completion(
+            step,
+            "failed",
+            error=action.reason,
+            attempt=attempt,
+            started_at=started,
+            events=(event,),
+        )
 
     @contextmanager
     def _heartbeat(
@@ -441,12 +560,19 @@ class DurableRunner:
             journal_table.c.finished_at > runs_table.c.updated_at,
         )
         with self.store.connect() as conn:
+            overdue = and_(
+                runs_table.c.deadline < utcnow(),
+                runs_table.c.status.not_in(run_rows.TERMINAL),
+            )
             stale = (
                 conn.execute(
                     select(runs_table.c.id).where(
-                        runs_table.c.updated_at < cutoff,
-                        (runs_table.c.status.in_(("queued", "running")))
-                        | and_(runs_table.c.status == "awaiting_approval", decided_waiting),
+                        and_(
+                            runs_table.c.updated_at < cutoff,
+                            (runs_table.c.status.in_(("queued", "running")))
+                            | and_(runs_table.c.status == "awaiting_approval", decided_waiting),
+                        )
+                        | overdue
                     )
                 )
                 .scalars()

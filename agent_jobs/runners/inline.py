@@ -3,22 +3,25 @@
 `start` returns a run id immediately and drives the turn on a background thread.
 Approvals are futures keyed by run and call, resolved by `signal` (or by a decision
 another process recorded in the database, which the waiting turn polls for). Reads
-overlap on a thread pool. Single process, no broker: the embedded default.
+overlap on a thread pool. A cancel, a steering message or a model switch posted by
+another process reaches the turn through the database at its next boundary. Single
+process, no broker: the embedded default.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal, TypeVar
 
-from .. import diagnostics
+from .. import diagnostics, session
 from ..app import AgentApp
 from ..approvals import approval_step, decision_from_call, record_decision
-from ..errors import AgentJobsError, UnknownRunError
+from ..errors import AgentJobsError, Cancelled, ModelError
 from ..executor import StepEnv, execute_local, execute_remote
 from ..hooks import (
     ApprovalWait,
@@ -32,14 +35,26 @@ from ..hooks import (
     settle,
 )
 from ..loop import run_agent_loop
+from ..retry import RequestErrorPayload, resolve
 from ..settings import Settings, get_settings
-from ..steps import dump
+from ..steps import ModelTurn, dump
 from ..store import RunView, Store, toolcalls
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..stream import Frame, MemoryStreams, RunStream
-from .common import RunRequest, check_request, create_run, new_id, turn_for, waiting_label
+from .common import (
+    Ending,
+    RunRequest,
+    check_request,
+    create_run,
+    finish_turn,
+    new_id,
+    start_next_turn,
+    start_turn,
+    turn_for,
+    waiting_label,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -60,7 +75,7 @@ class InlineHooks(LoopHooks):
         super().__init__(label="inline")
         self.runner = runner
         self.run = run
-        self.env = StepEnv(app=runner.app, stream=stream)
+        self.stream = stream
         self.output = _Output()
         self._seq = 0
         self._seq_lock = threading.Lock()
@@ -70,16 +85,24 @@ class InlineHooks(LoopHooks):
             self._seq += 1
             return self._seq
 
+    def _env(self) -> StepEnv:
+        # Each step (and each parallel task) gets its own env: buffers never cross threads.
+        return StepEnv(app=self.runner.app, stream=self.stream)
+
     def step(self, call: StepCall) -> Any:
+        self.runner._check_cancel(self.run.run_id)  # every step boundary is a stop point
         seq = self._next_seq()
         intent = call.intent
         store = self.runner.store
-        # Each parallel task gets its own env so buffered frames never cross threads.
-        env = StepEnv(app=self.env.app, stream=self.env.stream)
+        env = self._env()
         if intent.remote:
             started = utcnow()
-            result = dump(execute_remote(intent, env, call.name))
+            if isinstance(intent, ModelTurn):
+                result = self._model_turn(intent, env, call.name)
+            else:
+                result = dump(execute_remote(intent, env, call.name))
             with store.begin() as conn:
+                env.flush_events(conn)
                 journal_rows.insert_done(
                     conn,
                     run_id=self.run.run_id,
@@ -89,19 +112,78 @@ class InlineHooks(LoopHooks):
                     result=result,
                     started_at=started,
                 )
-        else:
-            with store.begin() as conn:
-                result = dump(execute_local(intent, conn, env, call.name))
-                journal_rows.insert_done(
-                    conn,
-                    run_id=self.run.run_id,
-                    step=call.name,
-                    seq=seq,
-                    intent=dump(intent),
-                    result=result,
-                )
-            env.flush()
+            return result
+        with store.begin() as conn:
+            result = dump(execute_local(intent, conn, env, call.name))
+            env.flush_events(conn)
+            journal_rows.insert_done(
+                conn,
+                run_id=self.run.run_id,
+                step=call.name,
+                seq=seq,
+                intent=dump(intent),
+                result=result,
+            )
+        env.flush()
         return result
+
+    def _model_turn(self, intent: ModelTurn, env: StepEnv, step: str) -> Any:
+        """Call the model, asking the request-error waterfall after each failure.
+
+        Waiting between attempts is fine here: this is the run's own thread, not a
+        worker's (the durable runner waits through Celery's retry countdown instead).
+        """
+        runner = self.runner
+        settings = runner.settings
+        thread_id = self.run.thread_id
+        attempt = 1
+        while True:
+            if attempt > 1:
+                env.stream.emit("status", status="retrying", step=step, attempt=attempt)
+            try:
+                result = dump(execute_remote(intent, env, step))
+            except ModelError as error:
+                payload = RequestErrorPayload(
+                    error=error,
+                    run_id=self.run.run_id,
+                    step=step,
+                    retry_count=attempt - 1,
+                    max_retries=settings.model_max_retries,
+                )
+                action = resolve(
+                    runner.app.request_error_chain,
+                    payload,
+                    base_delay=settings.model_retry_base_delay,
+                    max_delay=settings.model_retry_max_delay,
+                )
+                env.event(
+                    thread_id,
+                    self.run.run_id,
+                    "agent/request",
+                    step=step,
+                    attempt=attempt,
+                    outcome="error",
+                    kind=error.kind,
+                    action=action.kind,
+                    delay=action.delay,
+                    reason=action.reason,
+                )
+                if action.kind == "abort":
+                    with runner.store.begin() as conn:
+                        env.flush_events(conn)
+                    raise ModelError(action.reason, kind=error.kind) from error
+                runner._sleep(self.run.run_id, action.delay)
+                attempt += 1
+                continue
+            env.event(
+                thread_id,
+                self.run.run_id,
+                "agent/request",
+                step=step,
+                attempt=attempt,
+                outcome="ok",
+            )
+            return result
 
     def await_approval(self, wait: ApprovalWait) -> Decision:
         run_id, call = wait.run_id, wait.call
@@ -119,9 +201,8 @@ class InlineHooks(LoopHooks):
             run_rows.set_status(
                 conn, run_id, "awaiting_approval", waiting_on=waiting_label(call.name, call.id)
             )
-        stream = self.env.stream
-        stream.emit("status", status="awaiting_approval", call_id=call.id, tool=call.name)
-        stream.emit(
+        self.stream.emit("status", status="awaiting_approval", call_id=call.id, tool=call.name)
+        self.stream.emit(
             "approval_request",
             call_id=call.id,
             tool=call.name,
@@ -138,17 +219,18 @@ class InlineHooks(LoopHooks):
                 result=decision.model_dump(mode="json"),
             )
             run_rows.set_status(conn, run_id, "running")
-        stream.emit("status", status="running")
+        self.stream.emit("status", status="running")
         return decision
 
     def _wait_for_decision(self, future: Future[Decision], run_id: str, call_id: str) -> Decision:
-        # Another process may record the decision (`agent-jobs approve`), so poll the
-        # database between waits on the in-process future.
+        # Another process may record the decision (`agent-jobs approve`) or cancel the
+        # run, so poll the database between waits on the in-process future.
         try:
             while True:
                 try:
                     return future.result(timeout=self.runner.poll_interval)
                 except FutureTimeout:
+                    self.runner._check_cancel(run_id)
                     with self.runner.store.connect() as conn:
                         decided = decision_from_call(toolcalls.get_call(conn, run_id, call_id))
                     if decided is not None:
@@ -187,6 +269,7 @@ class InlineRunner:
         self._lock = threading.Lock()
         self._futures: dict[tuple[str, str], Future[Decision]] = {}
         self._finished: dict[str, threading.Event] = {}
+        self._cancelled: dict[str, threading.Event] = {}
         diagnostics.set_enabled(self.settings.diagnostics)
 
     # --- starting and waiting ----------------------------------------------------------
@@ -217,14 +300,11 @@ class InlineRunner:
         check_request(self.app, request)
         run_id = request.run_id or new_id()
         with self.store.begin() as conn:
-            created = create_run(conn, request, run_id=run_id, runner="inline", status="running")
+            created = create_run(
+                conn, request, run_id=run_id, runner="inline", status="running", app=self.app
+            )
         if created:
-            done = threading.Event()
-            with self._lock:
-                self._finished[run_id] = done
-            threading.Thread(
-                target=self._drive, args=(run_id, done), name=f"run-{run_id[:8]}", daemon=True
-            ).start()
+            self._drive(run_id)
         return run_id
 
     def run(
@@ -246,7 +326,7 @@ class InlineRunner:
         for _entry, frame in self.streams.read(run_id, after):
             yield frame
 
-    # --- decisions ----------------------------------------------------------------------
+    # --- decisions, steering, cancellation ---------------------------------------------
 
     def signal(
         self,
@@ -272,6 +352,56 @@ class InlineRunner:
             future.set_result(verdict)
         return True
 
+    def post_message(self, run_or_thread: str, text: str, *, target: str = "next-step") -> str:
+        """Queue a message on the thread's inbox; returns the thread id.
+
+        A `next-turn` message to an idle thread starts its turn at once.
+        """
+        next_run: str | None = None
+        with self.store.begin() as conn:
+            thread_id, _ = session.resolve_thread(conn, run_or_thread)
+            active = session.active_run(conn, thread_id)
+            session.push(conn, thread_id, active.id if active else None, target, text)
+            if target == "next-turn" and active is None:
+                last = session.last_run(conn, thread_id)
+                if last is not None:
+                    next_run = start_next_turn(
+                        conn, self.app, RunView.from_row(last), runner="inline"
+                    )
+        if next_run is not None:
+            self._drive(next_run)
+        return thread_id
+
+    def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:
+        """Ask the run (and its children) to stop at the next boundary."""
+        with self.store.begin() as conn:
+            affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
+        with self._lock:
+            for target in affected:
+                self._cancelled.setdefault(target, threading.Event()).set()
+        return affected
+
+    def _check_cancel(self, run_id: str) -> None:
+        """Raise `Cancelled` if a cancel was asked for here, elsewhere, or the deadline passed."""
+        with self.store.connect() as conn:
+            row = run_rows.get_run(conn, run_id)
+        if row is None:
+            return
+        if row.cancel_cause is None and row.deadline is not None and utcnow() >= row.deadline:
+            self.cancel(run_id, "timeout")
+            raise Cancelled("timeout")
+        if row.cancel_cause is not None:
+            raise Cancelled(row.cancel_cause)
+
+    def _sleep(self, run_id: str, seconds: float) -> None:
+        """Wait before a retry, waking early to stop if the run is cancelled."""
+        with self._lock:
+            flag = self._cancelled.setdefault(run_id, threading.Event())
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            flag.wait(min(left, self.poll_interval))
+            self._check_cancel(run_id)
+
     def _pending_future(self, run_id: str, call_id: str) -> Future[Decision]:
         with self._lock:
             return self._futures.setdefault((run_id, call_id), Future())
@@ -282,42 +412,55 @@ class InlineRunner:
 
     # --- the background turn -----------------------------------------------------------
 
-    def _drive(self, run_id: str, done: threading.Event) -> None:
+    def _drive(self, run_id: str) -> None:
+        done = threading.Event()
+        with self._lock:
+            self._finished[run_id] = done
+        threading.Thread(
+            target=self._background, args=(run_id, done), name=f"run-{run_id[:8]}", daemon=True
+        ).start()
+
+    def _background(self, run_id: str, done: threading.Event) -> None:
+        next_run: str | None = None
         try:
             run = self.store.get_run(run_id)
             stream = RunStream(self.streams, run.root_run_id, run_id)
             try:
-                self._turn(run, stream)
+                next_run = self._turn(run, stream)
             finally:
                 if run.root_run_id == run_id:
                     stream.end()
-        except UnknownRunError:  # pragma: no cover - the row was written before the thread
-            log.exception("run %s vanished", run_id)
         finally:
             done.set()
+        if next_run is not None:
+            self._drive(next_run)
 
-    def _turn(self, run: RunView, stream: RunStream) -> None:
+    def _turn(self, run: RunView, stream: RunStream) -> str | None:
         hooks = InlineHooks(self, run, stream)
+        env = StepEnv(app=self.app, stream=stream)
         diagnostics.publish("run.started", lambda: {"run_id": run.run_id, "agent": run.agent})
+        with self.store.begin() as conn:
+            start_turn(env, run)
+            env.flush_events(conn)
         stream.emit("status", status="running")
         try:
             turn, deps = turn_for(self.app, run, self.settings)
             result = run_agent_loop(turn, deps, hooks)
+        except Cancelled as signal:
+            current = self.store.get_run(run.run_id)
+            ending = Ending.cancelled(signal.cause, current.cancel_keep_inbox)
         except Exception as exc:
             if not isinstance(exc, AgentJobsError):
                 log.exception("run %s failed", run.run_id)
-            message, error_type = str(exc), type(exc).__name__
-            with self.store.begin() as conn:
-                run_rows.finish_run(
-                    conn, run.run_id, "failed", error=message, error_type=error_type
-                )
-            stream.emit("error", error=message, error_type=error_type)
-            diagnostics.publish(
-                "run.finished",
-                lambda: {"run_id": run.run_id, "status": "failed", "error": message},
-            )
-            return
+            ending = Ending.failed(exc)
+        else:
+            ending = Ending.completed(result.output)
         with self.store.begin() as conn:
-            run_rows.finish_run(conn, run.run_id, "completed", output=result.output)
-        stream.emit("done", output=result.output)
-        diagnostics.publish("run.finished", lambda: {"run_id": run.run_id, "status": "completed"})
+            next_run = finish_turn(conn, env, self.app, run, ending)
+        kind, fields = ending.frame
+        stream.emit(kind, **fields)
+        diagnostics.publish(
+            "run.finished",
+            lambda: {"run_id": run.run_id, "status": ending.status, "error": ending.error},
+        )
+        return next_run

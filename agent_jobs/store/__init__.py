@@ -30,6 +30,9 @@ class RunView(BaseModel):
     thread_id: str
     input: str
     waiting_on: str | None = None
+    cancel_cause: str | None = None
+    cancel_keep_inbox: bool = False
+    deadline: datetime | None = None
     runner: str
     parent_run_id: str | None = None
     root_run_id: str

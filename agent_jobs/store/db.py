@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
@@ -76,6 +76,7 @@ def _alembic_config(engine: Engine) -> Any:
 
 
 def head_revision() -> str:
+    """The newest revision as Alembic's scripts say (loads them: slow)."""
     from alembic.script import ScriptDirectory
 
     config = _alembic_config(None)  # type: ignore[arg-type]
@@ -85,12 +86,10 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     with engine.connect() as conn:
         if not inspect(conn).has_table("alembic_version"):
             return None
-        return MigrationContext.configure(conn).get_current_revision()
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -102,7 +101,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def ensure_schema(engine: Engine, *, auto_upgrade: bool) -> None:
     """Check the schema is current; migrate when allowed (the embedded SQLite default)."""
-    if current_revision(engine) == head_revision():
+    from ..migrations import HEAD
+
+    if current_revision(engine) == HEAD:
         return
     if auto_upgrade:
         upgrade(engine)

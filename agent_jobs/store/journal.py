@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Integer, Row, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, Integer, Row, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -121,10 +121,23 @@ def mark_started(
 
 
 _WITH_RUN = (
-    select(journal, runs.c.status.label("run_status"), runs.c.root_run_id)
+    select(journal, runs.c.status.label("run_status"), runs.c.root_run_id, runs.c.thread_id)
     .join(runs, runs.c.id == journal.c.run_id)
     .where(journal.c.run_id == bindparam("run_id"), journal.c.step == bindparam("step"))
 )
+
+
+def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
+    """Keep a step that waits for a deliberate retry out of the sweep's hands until then."""
+    conn.execute(
+        update(journal)
+        .where(
+            journal.c.run_id == run_id,
+            journal.c.step == step,
+            journal.c.state.in_(("scheduled", "started")),
+        )
+        .values(lease_until=until)
+    )
 
 
 def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
@@ -138,14 +151,9 @@ def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence
     return conn.execute(
         select(journal).where(
             journal.c.run_id == run_id,
-            or_(
-                and_(journal.c.state == "scheduled", journal.c.created_at < older_than),
-                and_(
-                    journal.c.state == "started",
-                    journal.c.lease_until < now,
-                    journal.c.created_at < older_than,
-                ),
-            ),
+            journal.c.state.in_(("scheduled", "started")),
+            journal.c.created_at < older_than,
+            or_(journal.c.lease_until.is_(None), journal.c.lease_until < now),
         )
     ).all()
 

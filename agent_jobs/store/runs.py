@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Row, bindparam, func, select, update
@@ -139,6 +140,10 @@ def finish_run(
         )
     )
     return result.rowcount == 1
+
+
+def set_deadline(conn: Connection, run_id: str, deadline: datetime) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(deadline=deadline))
 
 
 def touch(conn: Connection, run_id: str) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -31,6 +32,8 @@ threads = Table(
     metadata,
     Column("id", String(64), primary_key=True),
     Column("title", Text, nullable=True),
+    # The last sequence number handed to the thread's session log (events).
+    Column("event_seq", BigInteger, nullable=False, server_default="0"),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
@@ -58,6 +61,12 @@ runs = Table(
     Column("day", String(10), nullable=False),
     # Why the run waits (the step it is parked on), shown by `status` and in Flower.
     Column("waiting_on", Text, nullable=True),
+    # A cancel asked for (user, timeout, parent, shutdown, superseded): the run stops at
+    # its next boundary. The request is also a `turn/stopping` event in the session log.
+    Column("cancel_cause", String(16), nullable=True),
+    Column("cancel_keep_inbox", Boolean, nullable=False, server_default=false()),
+    # Past this moment the run is cancelled with cause `timeout` (agent default_timeout).
+    Column("deadline", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=True),
@@ -151,3 +160,16 @@ journal = Table(
     Column("finished_at", DateTime(timezone=True), nullable=True),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)
+
+# The session log: every runtime transition of a thread, append-only, in order.
+events = Table(
+    "events",
+    metadata,
+    Column("thread_id", String(64), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("run_id", String(64), nullable=True),
+    Column("type", String(64), nullable=False),
+    Column("data", Json, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+Index("ix_events_run", events.c.run_id)

@@ -1,0 +1,269 @@
+"""The session runtime, event-sourced: status, inbox, model selection and consumed work
+are folded from a thread's events, never kept on the side.
+
+Event types: `turn/start`, `step/start`, `agent/request`, `tool/call`, `tool/result`,
+`agent/status`, `agent/inbox/spliced`, `agent/model/selected`, `turn/stopping`,
+`turn/end` (reason `completed`, `interrupted`, `aborted`, `error` or `blocked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from sqlalchemy import Connection, select, update
+
+from .errors import InvalidRequestError, UnknownRunError
+from .store import events as event_rows
+from .store import runs as run_rows
+from .store.schema import runs as runs_table
+
+Target = Literal["next-step", "next-turn"]
+TARGETS: tuple[str, ...] = ("next-step", "next-turn")
+CancelCause = Literal["user", "timeout", "parent", "shutdown", "superseded"]
+CANCEL_CAUSES: tuple[str, ...] = ("user", "timeout", "parent", "shutdown", "superseded")
+TurnEndReason = Literal["completed", "interrupted", "aborted", "error", "blocked"]
+
+SPLICED = "agent/inbox/spliced"
+STATUS = "agent/status"
+SELECTED = "agent/model/selected"
+
+
+class Event(BaseModel):
+    """One entry of a thread's session log."""
+
+    thread_id: str
+    seq: int
+    run_id: str | None
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Event:
+        return cls.model_validate(dict(row._mapping))
+
+
+# --- folds ------------------------------------------------------------------------------
+
+
+@dataclass
+class Inbox:
+    """Pending work: steering for the next step, requests for the next turn."""
+
+    next_step: list[str] = field(default_factory=list)
+    next_turn: list[str] = field(default_factory=list)
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.next_step or self.next_turn)
+
+    def queue(self, target: str) -> list[str]:
+        return self.next_step if target == "next-step" else self.next_turn
+
+    def apply(self, data: dict[str, Any]) -> None:
+        queue = self.queue(data["target"])
+        start = data["start"] if data["start"] >= 0 else len(queue)
+        queue[start : start + data["removed_count"]] = list(data["inserted"])
+
+
+def splice(
+    target: str, start: int, removed: int, inserted: Sequence[str], outcome: str | None
+) -> dict[str, Any]:
+    return {
+        "target": target,
+        "start": start,
+        "removed_count": removed,
+        "inserted": list(inserted),
+        "outcome": outcome,
+    }
+
+
+def fold_inbox(events: Iterable[Event]) -> Inbox:
+    inbox = Inbox()
+    for event in events:
+        if event.type == SPLICED:
+            inbox.apply(event.data)
+    return inbox
+
+
+def fold_status(events: Iterable[Event]) -> Literal["idle", "running"]:
+    status: Literal["idle", "running"] = "idle"
+    for event in events:
+        if event.type == STATUS:
+            status = event.data["status"]
+    return status
+
+
+class ModelSelection(BaseModel):
+    """A thread's model choice for its next steps."""
+
+    provider: str | None = None
+    model: str | None = None
+    reasoning_effort: str | None = None
+
+
+def fold_selection(events: Iterable[Event]) -> ModelSelection | None:
+    selection: ModelSelection | None = None
+    for event in events:
+        if event.type == SELECTED:
+            selection = ModelSelection.model_validate(event.data)
+    return selection
+
+
+@dataclass(frozen=True)
+class ConsumedWork:
+    """Which turn last accounted for work, and whether queued work was dropped unrun."""
+
+    end: Event | None
+    dropped_unrun: bool
+
+
+def fold_consumed_work(events: Iterable[Event]) -> ConsumedWork:
+    """Fold the log once.
+
+    A turn accounts for work when it entered a model step, or when it claimed input and
+    then ended any way but `completed` (blocked, aborted, error, interrupted: the input's
+    ending too). Work is dropped unrun when a cancellation cleared queued inbox items
+    after the last accounting turn began (or at all, when none did).
+    """
+    end: Event | None = None
+    entered: set[str | None] = set()
+    claimed: set[str | None] = set()
+    dropped = False
+    for event in events:
+        if event.type == "step/start":
+            entered.add(event.run_id)
+        elif event.type == SPLICED:
+            data = event.data
+            if data.get("outcome") == "claimed" and data["removed_count"]:
+                claimed.add(event.run_id)
+            elif data.get("outcome") == "canceled" and data["removed_count"]:
+                dropped = True
+        elif event.type == "turn/end":
+            run = event.run_id
+            if run in entered or (run in claimed and event.data.get("reason") != "completed"):
+                end = event
+                dropped = False
+    return ConsumedWork(end=end, dropped_unrun=dropped)
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def thread_events(
+    conn: Connection, thread_id: str, *, types: Sequence[str] | None = None
+) -> list[Event]:
+    return [Event.from_row(r) for r in event_rows.for_thread(conn, thread_id, types=types)]
+
+
+def resolve_thread(conn: Connection, run_or_thread: str) -> tuple[str, Any | None]:
+    """(thread id, run row) for a run id or a thread id."""
+    run = run_rows.get_run(conn, run_or_thread)
+    if run is not None:
+        return run.thread_id, run
+    if event_rows.lock_thread(conn, run_or_thread) is None:
+        raise UnknownRunError(run_or_thread)
+    return run_or_thread, None
+
+
+def active_run(conn: Connection, thread_id: str) -> Any | None:
+    """The thread's unfinished top-level run, if any."""
+    return event_rows.active_run(conn, thread_id)
+
+
+def last_run(conn: Connection, thread_id: str) -> Any | None:
+    """The thread's newest top-level run: a new turn continues with its agent and actor."""
+    return conn.execute(
+        select(runs_table)
+        .where(runs_table.c.thread_id == thread_id, runs_table.c.parent_run_id.is_(None))
+        .order_by(runs_table.c.created_at.desc())
+        .limit(1)
+    ).first()
+
+
+# --- commands (inside the caller's transaction) ------------------------------------------
+
+
+def push(conn: Connection, thread_id: str, run_id: str | None, target: str, text: str) -> None:
+    """Queue a message for the next step or the next turn."""
+    if target not in TARGETS:
+        raise InvalidRequestError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
+    if not text.strip():
+        raise InvalidRequestError("a message needs some text")
+    event_rows.append(conn, [(thread_id, run_id, SPLICED, splice(target, -1, 0, [text], None))])
+
+
+def claim_next_step(conn: Connection, thread_id: str, run_id: str) -> list[str]:
+    """Take every steering message queued for the next step."""
+    inbox = fold_inbox(thread_events(conn, thread_id, types=[SPLICED]))
+    if not inbox.next_step:
+        return []
+    batch = list(inbox.next_step)
+    data = splice("next-step", 0, len(batch), [], "claimed")
+    event_rows.append(conn, [(thread_id, run_id, SPLICED, data)])
+    return batch
+
+
+def claim_next_turn(conn: Connection, thread_id: str, run_id: str | None) -> str | None:
+    """Take the first request queued for the next turn."""
+    inbox = fold_inbox(thread_events(conn, thread_id, types=[SPLICED]))
+    if not inbox.next_turn:
+        return None
+    data = splice("next-turn", 0, 1, [], "claimed")
+    event_rows.append(conn, [(thread_id, run_id, SPLICED, data)])
+    return inbox.next_turn[0]
+
+
+def clear(conn: Connection, thread_id: str, run_id: str | None) -> int:
+    """Drop everything queued (a cancellation); returns how many messages were dropped."""
+    inbox = fold_inbox(thread_events(conn, thread_id, types=[SPLICED]))
+    pending = [
+        (thread_id, run_id, SPLICED, splice(target, 0, len(inbox.queue(target)), [], "canceled"))
+        for target in TARGETS
+        if inbox.queue(target)
+    ]
+    event_rows.append(conn, pending)
+    return len(inbox.next_step) + len(inbox.next_turn)
+
+
+def request_cancel(
+    conn: Connection, run_id: str, cause: str, *, keep_inbox: bool = False
+) -> list[str]:
+    """Record a cancel for the run and its unfinished children; returns their ids."""
+    if cause not in CANCEL_CAUSES:
+        raise InvalidRequestError(f"cause must be one of {', '.join(CANCEL_CAUSES)}, not {cause!r}")
+    run = run_rows.get_run(conn, run_id)
+    if run is None:
+        raise UnknownRunError(run_id)
+    affected: list[str] = []
+    for index, target in enumerate(run_rows.run_tree_ids(conn, run_id)):
+        own_cause = cause if index == 0 else "parent"
+        updated = conn.execute(
+            update(runs_table)
+            .where(
+                runs_table.c.id == target,
+                runs_table.c.status.not_in(run_rows.TERMINAL),
+                runs_table.c.cancel_cause.is_(None),
+            )
+            .values(cancel_cause=own_cause, cancel_keep_inbox=keep_inbox)
+            .returning(runs_table.c.thread_id)
+        ).first()
+        if updated is not None:
+            stopping = {"cause": own_cause, "keep_inbox": keep_inbox}
+            event_rows.append(conn, [(updated.thread_id, target, "turn/stopping", stopping)])
+            affected.append(target)
+    return affected
+
+
+def select_model(conn: Connection, thread_id: str, selection: ModelSelection) -> None:
+    """Switch the thread's model for its next steps (captured at prompt assembly)."""
+    event_rows.append(conn, [(thread_id, None, SELECTED, selection.model_dump())])
+
+
+def end_reason(cause: str) -> TurnEndReason:
+    """An explicit cancel by a user aborts the turn; every other cause interrupts it."""
+    return "aborted" if cause == "user" else "interrupted"
