@@ -84,7 +84,9 @@ class Client:
         check_request(self.app, request)
         run_id = request.run_id or new_id()
         with self.store.begin() as conn:
-            created = create_run(conn, request, run_id=run_id, runner="durable", status="queued")
+            created = create_run(
+                conn, request, run_id=run_id, runner="durable", status="queued", app=self.app
+            )
         if created:
             # The row is written, so a re-drive is all a worker needs: no start_run.
             dispatcher.coordinate(run_id)

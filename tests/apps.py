@@ -356,3 +356,16 @@ def gate(context: PreStepContext) -> PreStepDecision | None:
             kind="enter", messages=["start over from here"], starts_request_series=True
         )
     return None
+
+
+# Step 2's model call streams for three seconds: a worker can be killed after the claim.
+app.agent(
+    "claimkill",
+    model=CountingModel(
+        [
+            {"tool_calls": [{"name": "slow", "args": {"n": 1, "seconds": 1.0}}]},
+            {"text": "answered after the crash", "delay": 3.0},
+        ]
+    ),
+    tools=TOOLS,
+)

@@ -144,3 +144,20 @@ def harness(
         streams.client.close()
         celery.close()
     store.engine.dispose()
+
+
+@pytest.fixture
+def cluster(
+    pg_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
+    """Workers and beat of the test's own, on a broker of its own (crash tests kill them)."""
+    import redis
+
+    from .cluster import CRASH_BROKER_DB, Cluster
+
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    broker = redis_url.rsplit("/", 1)[0] + f"/{CRASH_BROKER_DB}"
+    redis.Redis.from_url(broker).flushdb()
+    c = Cluster(broker, pg_url, tmp_path)
+    yield c
+    c.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from agent_jobs import InlineRunner, RunView, Store
@@ -14,6 +15,32 @@ from agent_jobs.stream import Frame
 class Harness:
     kind: str
     store: Store
+    client: Client  # reads the session log, switches models (no broker needed)
+
+    def post(self, run_or_thread: str, text: str, target: str = "next-step") -> str:
+        raise NotImplementedError
+
+    def cancel(self, run_id: str, cause: str = "user", keep_inbox: bool = False) -> list[str]:
+        raise NotImplementedError
+
+    def events(self, run_or_thread: str) -> list[Any]:
+        return self.client.events(run_or_thread)
+
+    def wait_frame(self, run_id: str, kind: str, timeout: float = 20) -> Frame:
+        """Block until the run's stream carries a frame of this type; return it."""
+        deadline = time.monotonic() + timeout
+        for frame in self.frames_live(run_id):
+            if frame["type"] == kind:
+                return frame
+            assert time.monotonic() < deadline, f"no {kind} frame in {timeout}s"
+        raise AssertionError(f"the stream of {run_id} ended without a {kind} frame")
+
+    def frames_live(self, run_id: str) -> Iterator[Frame]:
+        raise NotImplementedError
+
+    def types(self, run_id: str) -> list[str]:
+        """The event types a run wrote, in order."""
+        return [e.type for e in self.events(run_id) if e.run_id == run_id]
 
     def start(self, agent: str, text: str, **kwargs: Any) -> str:
         raise NotImplementedError
@@ -67,6 +94,13 @@ class InlineHarness(Harness):
     def __init__(self, runner: InlineRunner) -> None:
         self.runner = runner
         self.store = runner.store
+        self.client = Client(runner.store, runner.app, runner.settings)
+
+    def post(self, run_or_thread: str, text: str, target: str = "next-step") -> str:
+        return self.runner.post_message(run_or_thread, text, target=target)
+
+    def cancel(self, run_id: str, cause: str = "user", keep_inbox: bool = False) -> list[str]:
+        return self.runner.cancel(run_id, cause, keep_inbox=keep_inbox)
 
     def start(self, agent: str, text: str, **kwargs: Any) -> str:
         kwargs.setdefault("actor", "user-7")
@@ -79,6 +113,9 @@ class InlineHarness(Harness):
 
     def frames(self, run_id: str) -> list[Frame]:
         return list(self.runner.frames(run_id))
+
+    def frames_live(self, run_id: str) -> Iterator[Frame]:
+        return self.runner.frames(run_id)
 
 
 class DurableHarness(Harness):
@@ -93,6 +130,12 @@ class DurableHarness(Harness):
         kwargs.setdefault("actor", "user-7")
         return self.client.enqueue_run(agent, text, **kwargs)
 
+    def post(self, run_or_thread: str, text: str, target: str = "next-step") -> str:
+        return self.client.post_message(run_or_thread, text, target=target)
+
+    def cancel(self, run_id: str, cause: str = "user", keep_inbox: bool = False) -> list[str]:
+        return self.client.cancel(run_id, cause, keep_inbox=keep_inbox)
+
     def decide(
         self, run_id: str, call_id: str, decision: Literal["approve", "reject"], actor: str
     ) -> bool:
@@ -100,3 +143,6 @@ class DurableHarness(Harness):
 
     def frames(self, run_id: str) -> list[Frame]:
         return [frame for _, frame in self.streams.read(run_id, block=5)]
+
+    def frames_live(self, run_id: str) -> Iterator[Frame]:
+        return (frame for _, frame in self.streams.read(run_id, block=20))

@@ -5,102 +5,26 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from agent_jobs import RunView
-from agent_jobs.client import Client
-from agent_jobs.dispatch import MODEL_TURN, CeleryDispatcher, celery_client
+from agent_jobs import session
+from agent_jobs.dispatch import MODEL_TURN
 from agent_jobs.leases import Leases
 from agent_jobs.redis_streams import RedisStreams
 from agent_jobs.runners.common import RunRequest
 from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.session import fold_inbox
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.store import journal as journal_rows
 
 from . import apps
 from .apps import executed
+from .cluster import Cluster
 from .conftest import truncate_all
-from .workers import Process, service_env, start_beat, start_worker
-
-CRASH_BROKER_DB = 2
-FAST_RECOVERY = {
-    "AGENT_JOBS_STEP_LEASE": "1.5",
-    "AGENT_JOBS_SWEEP_STALE_AFTER": "1",
-    "AGENT_JOBS_SWEEP_INTERVAL": "0.5",
-}
-
-
-class Cluster:
-    """Workers and beat of our own on a broker of our own, started and killed at will."""
-
-    def __init__(self, broker: str, pg_url: str, tmp: Path) -> None:
-        self.broker = broker
-        self.pg_url = pg_url
-        self.tmp = tmp
-        self.procs: list[Process] = []
-        self.store = Store.from_url(pg_url)
-        truncate_all(self.store)
-        self.celery = celery_client(broker)
-        settings = Settings(broker_url=broker, database_url=pg_url)
-        self.client = Client(self.store, apps.app, settings, CeleryDispatcher(self.celery))
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return service_env(self.broker, self.pg_url, **(FAST_RECOVERY | extra))
-
-    def worker(self, concurrency: int = 2, **extra: str) -> Process:
-        proc = start_worker(self.env(**extra), concurrency=concurrency)
-        self.procs.append(proc)
-        return proc
-
-    def beat(self) -> Process:
-        proc = start_beat(self.env(), self.tmp)
-        self.procs.append(proc)
-        return proc
-
-    def step_state(self, run_id: str, step: str) -> str | None:
-        row = {j["step"]: j for j in self.store.journal(run_id)}.get(step)
-        return row["state"] if row else None
-
-    def wait_step(self, run_id: str, step: str, state: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while self.step_state(run_id, step) != state:
-            assert time.monotonic() < deadline, (
-                f"{step} never {state}: {self.store.journal(run_id)}"
-            )
-            time.sleep(0.02)
-
-    def wait(self, run_id: str, timeout: float = 30) -> RunView:
-        deadline = time.monotonic() + timeout
-        while not (run := self.store.get_run(run_id)).finished:
-            assert time.monotonic() < deadline, f"{run_id} stuck {run.status}: {self.logs()}"
-            time.sleep(0.05)
-        return run
-
-    def logs(self) -> str:
-        return "\n".join(p.log()[-3000:] for p in self.procs)
-
-    def close(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-        self.celery.close()
-        self.store.engine.dispose()
-
-
-@pytest.fixture
-def cluster(
-    pg_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Cluster]:
-    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
-    broker = redis_url.rsplit("/", 1)[0] + f"/{CRASH_BROKER_DB}"
-    redis.Redis.from_url(broker).flushdb()
-    c = Cluster(broker, pg_url, tmp_path)
-    yield c
-    c.close()
 
 
 def test_sigkill_during_a_model_step_and_a_tool_step(cluster: Cluster) -> None:
@@ -339,3 +263,49 @@ def test_a_result_that_lands_mid_replay_is_not_lost(local: Any) -> None:
         ("agent_jobs.invoke_tool", "tool:call_2"),
     ]
     assert runner.store.get_run(run_id).status == "running"
+
+
+# --- the session runtime across processes ----------------------------------------------------
+
+
+def test_a_cancel_posted_while_no_worker_runs_takes_effect_when_one_returns(
+    cluster: Cluster,
+) -> None:
+    worker = cluster.worker()
+    run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    cluster.wait_step(run_id, "approval:call_2", "waiting")
+    worker.stop()
+    assert cluster.client.cancel(run_id) == [run_id]
+    time.sleep(0.5)
+    assert cluster.store.get_run(run_id).status == "awaiting_approval"  # nobody to stop it yet
+    cluster.worker()
+    run = cluster.wait(run_id)
+    assert run.status == "cancelled" and run.error == "cancelled (user)"
+    assert "refund" not in [what for what, _ in executed(run_id)]
+
+
+def test_a_killed_worker_resumes_with_the_batch_it_had_claimed(cluster: Cluster) -> None:
+    first = cluster.worker(concurrency=1)
+    run_id = cluster.client.enqueue_run("claimkill", "go", actor="user-7")
+    cluster.wait_step(run_id, "tool:call_1", "scheduled")
+    cluster.client.post_message(run_id, "first steer")
+    cluster.wait_step(run_id, "model:2", "started", timeout=30)  # claimed, and streaming
+    first.kill()
+    cluster.client.post_message(run_id, "second steer")  # too late for step 2
+    cluster.worker(concurrency=1)
+    cluster.beat()
+    run = cluster.wait(run_id, timeout=60)
+
+    assert run.status == "completed" and run.output == "answered after the crash"
+    journal = {j["step"]: j for j in cluster.store.journal(run_id)}
+    assert journal["prepare:2"]["result"]["claimed"] == ["first steer"]
+    assert journal["model:2"]["attempts"] == 2
+    sent = [m["content"] for m in journal["model:2"]["intent"]["request"]["messages"]]
+    assert "first steer" in sent and "second steer" not in sent
+    claims = [
+        e.data
+        for e in cluster.client.events(run_id)
+        if e.type == "agent/inbox/spliced" and e.data["outcome"] == "claimed"
+    ]
+    assert claims == [session.splice("next-step", 0, 1, [], "claimed")]  # claimed once
+    assert fold_inbox(cluster.client.events(run_id)).next_step == ["second steer"]

@@ -168,9 +168,9 @@ class InlineHooks(LoopHooks):
                     delay=action.delay,
                     reason=action.reason,
                 )
+                with runner.store.begin() as conn:  # visible while the turn waits
+                    env.flush_events(conn)
                 if action.kind == "abort":
-                    with runner.store.begin() as conn:
-                        env.flush_events(conn)
                     raise ModelError(action.reason, kind=error.kind) from error
                 runner._sleep(self.run.run_id, action.delay)
                 attempt += 1
