@@ -75,9 +75,12 @@ class AgentApp:
         roles: Mapping[str, Iterable[str]] | Roles | None = None,
         *,
         quota: QuotaSetting = None,
+        max_depth: int = 3,
         name: str = "agent-jobs",
     ) -> None:
         self.name = name
+        # Delegation's recursion budget: a top-level run is depth 0, each child one more.
+        self.max_depth = max_depth
         self.roles = RolesPolicy(roles)
         self.registry = ToolRegistry()
         self.agents: dict[str, AgentSpec] = {}

@@ -12,7 +12,7 @@ from .app import AgentApp
 from .errors import DecisionRefusedError, UnknownCallError, UnknownRunError
 from .hooks import Decision
 from .messages import args_sha256, canonical_json
-from .store import journal, runs, toolcalls
+from .store import journal, questions, runs, toolcalls
 
 Recorded = Literal["recorded", "already_decided"]
 
@@ -71,6 +71,37 @@ def record_decision(
         return "already_decided"
     journal.complete(
         conn, run_id, approval_step(call_id), state="done", result=decision.model_dump(mode="json")
+    )
+    return "recorded"
+
+
+def answers_step(request_id: str) -> str:
+    """The journal row a turn waits on for the answers to request `request_id`."""
+    return f"answers:{request_id}"
+
+
+def record_answers(
+    conn: Connection, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str
+) -> Recorded:
+    """Record a person's answers to a tool's questions; the first answers win.
+
+    Raises `UnknownRunError`, or `DecisionRefusedError` when no such question is open.
+    """
+    if runs.get_run(conn, run_id) is None:
+        raise UnknownRunError(run_id)
+    asked = questions.get(conn, run_id, request_id)
+    if asked is None:
+        raise DecisionRefusedError(f"run {run_id} asked no question {request_id!r}")
+    if not isinstance(answers, dict):
+        raise DecisionRefusedError("answers must be an object of question id to answer")
+    if not questions.answer(conn, run_id, request_id, answers=answers, actor=actor):
+        return "already_decided"
+    journal.complete(
+        conn,
+        run_id,
+        answers_step(request_id),
+        state="done",
+        result={"answers": answers, "actor": actor},
     )
     return "recorded"
 

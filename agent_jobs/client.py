@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from . import session
 from .app import AgentApp, load_app
-from .approvals import record_decision
+from .approvals import record_answers, record_decision
 from .dispatch import CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision
@@ -140,6 +140,17 @@ class Client:
     def reject(self, run_id: str, call_id: str, *, actor: str, reason: str | None = None) -> bool:
         return self.decide(run_id, call_id, "reject", actor=actor, reason=reason)
 
+    def answer(self, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
+        """Record a person's answers to a tool's questions, then wake the run.
+
+        Returns False when the question was already answered (the first answers win).
+        """
+        with self.store.begin() as conn:
+            outcome = record_answers(conn, run_id, request_id, answers, actor=actor)
+        if outcome == "recorded":
+            self.wake(run_id)
+        return outcome == "recorded"
+
     # --- the session runtime -----------------------------------------------------------
 
     def post_message(self, run_or_thread: str, text: str, *, target: str = "next-step") -> str:
@@ -254,6 +265,10 @@ def decide(
     )
 
 
+def answer(run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
+    return default_client().answer(run_id, request_id, answers, actor=actor)
+
+
 def post_message(run_or_thread: str, text: str, *, target: str = "next-step") -> str:
     return default_client().post_message(run_or_thread, text, target=target)
 
@@ -281,6 +296,7 @@ def reject(run_id: str, call_id: str, *, actor: str, reason: str | None = None) 
 __all__ = [
     "Client",
     "UnknownRunError",
+    "answer",
     "approve",
     "cancel",
     "decide",

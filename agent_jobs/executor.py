@@ -43,10 +43,10 @@ from .steps import (
     ToolOutcome,
 )
 from .store import events as event_rows
-from .store import threads, toolcalls
+from .store import runs, threads, toolcalls
 from .store import usage as usage_store
 from .stream import RunStream
-from .tools import ToolContext
+from .tools import QuestionsAsked, ToolContext
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,13 @@ def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) ->
             task = call.args.get("task")
             if not isinstance(task, str) or set(call.args) - {"task"}:
                 raise ToolError(f"delegation to {call.name!r} takes one string argument 'task'")
+            run = runs.get_run(conn, intent.run_id)
+            depth = max(intent.depth, run.depth if run is not None else 0)
+            if depth + 1 > app.max_depth:
+                raise ToolError(
+                    f"delegation to {call.name!r} refused: this run is at depth {depth} and "
+                    f"the budget is {app.max_depth}; answer without delegating"
+                )
         else:
             tool = app.registry.authorize(call.name, intent.actor, app.roles, intent.offered)
             tool.validate(call.args)
@@ -314,10 +321,13 @@ def _invoke_tool(intent: InvokeTool, env: StepEnv, step: str) -> ToolOutcome:
         call_id=call.id,
         actor=intent.actor,
         idempotency_key=f"{intent.run_id}:{step}",
+        answers=intent.answers,
     )
     try:
         tool = app.registry.authorize(call.name, intent.actor, app.roles, intent.offered)
         return ToolOutcome(ok=True, result=tool.invoke(call.args, ctx))
+    except QuestionsAsked as asked:
+        return ToolOutcome(ok=False, questions=asked.questions)
     except ToolError as exc:
         return ToolOutcome(ok=False, error=str(exc))
     except Exception as exc:  # the handler's own failure goes back to the model

@@ -51,11 +51,12 @@ class ApprovalWait:
 
 @dataclass(frozen=True)
 class AnswersWait:
-    """The turn waits for a person's answers to questions."""
+    """The turn waits for a person's answers to a tool's questions."""
 
     run_id: str
     request_id: str
     questions: list[dict[str, Any]]
+    call: ToolCall
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .errors import (
     StepRejectedError,
 )
 from .hooks import (
+    AnswersWait,
     ApprovalWait,
     Delegation,
     LoopHooks,
@@ -59,6 +60,7 @@ from .steps import (
 R = TypeVar("R", bound=BaseModel)
 
 PARALLEL_TOOLS = "agent:parallel-tools"
+MAX_QUESTION_ROUNDS = 5
 TITLE_LENGTH = 60
 
 
@@ -211,18 +213,33 @@ class _Tools:
             persona=self.turn.persona,
             call=call,
             offered=self.offered,
+            depth=self.turn.depth,
         )
         return _step(self.hooks, f"persist:toolcall:{call.id}", intent, CallVerdict)
 
     def invoke(self, call: ToolCall) -> ToolOutcome:
+        """`tool:<id>`; a tool that asks questions waits for answers, then runs again."""
+        outcome = self._invoke(call, f"tool:{call.id}", None)
+        for round in range(1, MAX_QUESTION_ROUNDS + 1):
+            if outcome.questions is None:
+                return outcome
+            wait = AnswersWait(self.turn.run_id, f"{call.id}:{round}", outcome.questions, call)
+            answers = self.hooks.await_answers(wait)
+            outcome = self._invoke(call, f"tool:{call.id}:{round + 1}", answers)
+        if outcome.questions is not None:
+            return ToolOutcome(ok=False, error="the tool kept asking questions; giving up")
+        return outcome
+
+    def _invoke(self, call: ToolCall, name: str, answers: dict[str, Any] | None) -> ToolOutcome:
         intent = InvokeTool(
             run_id=self.turn.run_id,
             agent=self.deps.agent.name,
             actor=self.turn.actor,
             call=call,
             offered=self.offered,
+            answers=answers,
         )
-        return _step(self.hooks, f"tool:{call.id}", intent, ToolOutcome)
+        return _step(self.hooks, name, intent, ToolOutcome)
 
     def run_reads(self, calls: list[ToolCall], verdicts: list[CallVerdict]) -> list[Message]:
         runnable = [c for c, v in zip(calls, verdicts, strict=True) if v.status == "auto_executed"]

@@ -72,6 +72,7 @@ class ToolOutcome(BaseModel):
     ok: bool
     result: Any = None
     error: str | None = None
+    questions: list[dict[str, Any]] | None = None  # the tool asked; the run waits for answers
 
 
 # --- intents -------------------------------------------------------------------------
@@ -153,6 +154,7 @@ class PersistToolCall(Intent):
     persona: str | None = None
     call: ToolCall
     offered: list[str]
+    depth: int = 0  # the turn's depth at runtime; the larger of it and the stored one counts
 
 
 class InvokeTool(Intent):
@@ -164,6 +166,7 @@ class InvokeTool(Intent):
     actor: str
     call: ToolCall
     offered: list[str]
+    answers: dict[str, Any] | None = None
 
 
 class PersistToolExec(Intent):

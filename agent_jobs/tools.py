@@ -6,7 +6,7 @@ import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
@@ -28,6 +28,24 @@ class ToolContext:
     call_id: str
     actor: str
     idempotency_key: str  # "<run_id>:<step>": the same for every attempt of this call
+    answers: dict[str, Any] | None = None  # a person's answers, once the tool asked
+
+    def ask(self, questions: list[dict[str, Any]] | list[str]) -> NoReturn:
+        """Ask the person questions; the run waits, then calls the tool again with
+        `ctx.answers` set. Each question is a string or `{"id", "question", ...}`."""
+        normalised = [
+            q if isinstance(q, dict) else {"id": f"q{i}", "question": q}
+            for i, q in enumerate(questions, start=1)
+        ]
+        raise QuestionsAsked(normalised)
+
+
+class QuestionsAsked(Exception):
+    """Raised by `ToolContext.ask`: the tool needs a person's answers to go on."""
+
+    def __init__(self, questions: list[dict[str, Any]]) -> None:
+        self.questions = questions
+        super().__init__(f"{len(questions)} question(s) for the person")
 
 
 class RolesPolicy:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -10,13 +11,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import Connection
 
-from .. import session
+from .. import diagnostics, session
 from ..app import AgentApp
 from ..errors import InvalidRequestError, StepRejectedError
 from ..executor import StepEnv
+from ..hooks import Delegation, DelegationOutcome
 from ..loop import LoopDeps, TurnInput
 from ..settings import Settings
 from ..store import RunView, threads
+from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 
@@ -146,17 +149,23 @@ def start_turn(env: StepEnv, run: RunView) -> None:
     env.event(run.thread_id, run.run_id, "agent/status", status="running")
 
 
+@dataclass(frozen=True)
+class Finished:
+    """What a run's end sets moving: the next turn's run, the parent waiting on it."""
+
+    next_run: str | None = None
+    parent: str | None = None
+
+
 def finish_turn(
     conn: Connection,
     env: StepEnv,
     app: AgentApp,
     run: RunView,
     ending: Ending,
-) -> str | None:
-    """Record the run's end and the turn's; start the next turn if one is queued.
-
-    Returns the id of a run created from the `next-turn` inbox, if any.
-    """
+) -> Finished:
+    """Record the run's end and the turn's; start the next turn if one is queued; hand a
+    delegated run's answer to its parent's waiting step."""
     run_rows.finish_run(
         conn,
         run.run_id,
@@ -175,9 +184,66 @@ def finish_turn(
         env.event(run.thread_id, run.run_id, "turn/end", **data)
         env.event(run.thread_id, run.run_id, "agent/status", status="idle")
     env.flush_events(conn)
-    if ending.status != "completed" or run.parent_run_id is not None:
-        return None
-    return start_next_turn(conn, app, run, runner=run.runner)
+    if run.parent_run_id is not None:
+        call_id = run.metadata.get("parent_call_id")
+        if call_id is None:
+            return Finished()
+        outcome = delegation_outcome(run.run_id, ending.status, ending.output, ending.error)
+        journal_rows.complete(
+            conn,
+            run.parent_run_id,
+            delegation_step(str(call_id)),
+            state="done",
+            result=outcome.model_dump(mode="json"),
+        )
+        return Finished(parent=run.parent_run_id)
+    if ending.status != "completed":
+        return Finished()
+    return Finished(next_run=start_next_turn(conn, app, run, runner=run.runner))
+
+
+def delegation_step(call_id: str) -> str:
+    """The parent's journal row that waits for a delegated run's answer."""
+    return f"agent:{call_id}"
+
+
+def child_run_id(parent_run_id: str, call_id: str) -> str:
+    """The same delegation always gets the same child run (a replay finds it again)."""
+    return hashlib.sha256(f"{parent_run_id}\0{call_id}".encode()).hexdigest()[:32]
+
+
+def child_request(parent: RunView, delegation: Delegation, child_id: str) -> RunRequest:
+    """The child's run request: a transient sub-thread of its own, the parent's actor."""
+    return RunRequest(
+        agent=delegation.agent,
+        input=delegation.task,
+        actor=parent.actor,
+        thread_id=child_id,
+        metadata={"parent_call_id": delegation.call.id},
+    )
+
+
+def delegation_outcome(
+    child_run_id: str, status: str, output: str | None, error: str | None
+) -> DelegationOutcome:
+    """What the parent's tool call gets back from a child run that ended."""
+    if status == "completed":
+        return DelegationOutcome(ok=True, output=output, child_run_id=child_run_id)
+    what = "was cancelled" if status == "cancelled" else "failed"
+    return DelegationOutcome(
+        ok=False, error=f"the delegated agent {what}: {error}", child_run_id=child_run_id
+    )
+
+
+def delegation_intent(delegation: Delegation, child_run_id: str) -> dict[str, Any]:
+    return {"agent": delegation.agent, "task": delegation.task, "child_run_id": child_run_id}
+
+
+def delegation_started(parent_run_id: str, delegation: Delegation, child_run_id: str) -> None:
+    diagnostics.publish(
+        "delegation.started",
+        lambda: {"run_id": parent_run_id, "child_run_id": child_run_id, "agent": delegation.agent},
+    )
 
 
 def start_next_turn(

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..approvals import approval_step, decision_from_call
+from ..approvals import answers_step, approval_step, decision_from_call
 from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher
 from ..errors import (
     AgentJobsError,
@@ -37,7 +37,18 @@ from ..errors import (
     Suspend,
 )
 from ..executor import StepEnv, execute_local, execute_remote
-from ..hooks import ApprovalWait, Decision, LoopHooks, Patch, SinkOpen, StepCall, TurnSink
+from ..hooks import (
+    AnswersWait,
+    ApprovalWait,
+    Decision,
+    Delegation,
+    DelegationOutcome,
+    LoopHooks,
+    Patch,
+    SinkOpen,
+    StepCall,
+    TurnSink,
+)
 from ..leases import Leases
 from ..loop import run_agent_loop
 from ..retry import RequestErrorPayload, resolve
@@ -46,6 +57,7 @@ from ..steps import Intent, InvokeTool, ModelTurn, dump, parse_intent
 from ..store import RunView, Store, toolcalls
 from ..store import events as event_rows
 from ..store import journal as journal_rows
+from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..store.schema import journal as journal_table
@@ -53,9 +65,13 @@ from ..store.schema import runs as runs_table
 from ..stream import RunStream, StreamBackend
 from .common import (
     Ending,
+    Finished,
     RunRequest,
     check_request,
+    child_request,
+    child_run_id,
     create_run,
+    delegation_step,
     finish_turn,
     start_turn,
     turn_for,
@@ -110,6 +126,7 @@ class DurableHooks(LoopHooks):
         self.by_name = {row.step: row for row in rows}
         self.pos = 0
         self.to_dispatch: list[tuple[str, str]] = []
+        self.children: list[str] = []  # delegated runs to start once this pass commits
         self.new_rows: list[dict[str, Any]] = []  # inserted in one statement before commit
         self.parked = _Parked()
         self.progressed = False
@@ -194,8 +211,76 @@ class DurableHooks(LoopHooks):
         )
         raise self._wait(label, "awaiting_approval")
 
+    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
+        call = wait.call
+        name = answers_step(wait.request_id)
+        label = f"awaiting_answers {call.name} {wait.request_id}"
+        row = self._recorded(name)
+        if row is not None:
+            if row.state == "done":
+                answers: dict[str, Any] = row.result["answers"]
+                return answers
+            raise self._wait(label, "awaiting_answers")
+        intent = {"request_id": wait.request_id, "call_id": call.id, "tool": call.name}
+        asked = question_rows.get(self.conn, self.run.run_id, wait.request_id)
+        if asked is not None and asked.answers is not None:
+            self._record(name, "done", intent, {"answers": asked.answers})
+            return dict(asked.answers)
+        if asked is None:
+            question_rows.ask(
+                self.conn,
+                run_id=self.run.run_id,
+                request_id=wait.request_id,
+                call_id=call.id,
+                tool=call.name,
+                asked=wait.questions,
+            )
+        self._record(name, "waiting", intent)
+        self.env.emit_after_commit(
+            "question",
+            request_id=wait.request_id,
+            call_id=call.id,
+            tool=call.name,
+            questions=wait.questions,
+        )
+        raise self._wait(label, "awaiting_answers")
+
     def open_sink(self, request: SinkOpen) -> TurnSink:
         return self.output
+
+    def run_agent(self, delegation: Delegation) -> DelegationOutcome:
+        """Start the delegated agent as a child run; the parent waits until it ends."""
+        name = delegation_step(delegation.call.id)
+        child_id = child_run_id(self.run.run_id, delegation.call.id)
+        label = f"agent {delegation.agent} {child_id}"
+        row = self._recorded(name)
+        if row is not None:
+            if row.state == "done":
+                return DelegationOutcome.model_validate(row.result)
+            raise self._wait(label)
+        create_run(
+            self.conn,
+            child_request(self.run, delegation, child_id),
+            run_id=child_id,
+            runner="durable",
+            status="queued",
+            app=self.env.app,
+            parent_run_id=self.run.run_id,
+            root_run_id=self.run.root_run_id,
+            depth=delegation.depth,
+        )
+        intent = {"agent": delegation.agent, "task": delegation.task, "child_run_id": child_id}
+        self._record(name, "waiting", intent)
+        self.children.append(child_id)
+        diagnostics.publish(
+            "delegation.started",
+            lambda: {
+                "run_id": self.run.run_id,
+                "child_run_id": child_id,
+                "agent": delegation.agent,
+            },
+        )
+        raise self._wait(label)
 
     def patched(self, patch: Patch) -> bool:
         if patch.id in self.disabled_patches:
@@ -287,7 +372,7 @@ class DurableRunner:
 
     def _coordinate(self, run_id: str, completion: Completion | None) -> str:
         ending: Ending | None = None
-        next_run: str | None = None
+        finished = Finished()
         hooks: DurableHooks | None = None
         wake_at_deadline: datetime | None = None
         with self.store.begin() as conn:
@@ -316,7 +401,7 @@ class DurableRunner:
             if cause is not None:
                 ending = Ending.cancelled(cause, run.cancel_keep_inbox)
                 outcome = f"cancelled: {cause}"
-                next_run = finish_turn(conn, env, self.app, run, ending)
+                finished = finish_turn(conn, env, self.app, run, ending)
             else:
                 if run.status == "queued":
                     start_turn(env, run)
@@ -341,19 +426,22 @@ class DurableRunner:
                     outcome = "completed"
                 journal_rows.insert_many(conn, hooks.new_rows)
                 if ending is not None:
-                    next_run = finish_turn(conn, env, self.app, run, ending)
+                    finished = finish_turn(conn, env, self.app, run, ending)
             env.flush_events(conn)
         # Committed: now the world may hear of it.
         env.flush()
         if hooks is not None:
             self.dispatcher.steps(run_id, hooks.to_dispatch)
+            for child in hooks.children:
+                self.dispatcher.coordinate(child)
         if ending is not None:
             kind, fields = ending.frame
             stream.emit(kind, **fields)
             stream.end()
             diagnostics.publish("run.finished", lambda: {"run_id": run_id, "status": ending.status})
-        if next_run is not None:
-            self.dispatcher.coordinate(next_run)
+        for woken in (finished.next_run, finished.parent):
+            if woken is not None:
+                self.dispatcher.coordinate(woken)
         if wake_at_deadline is not None and ending is None:
             # Be there when the deadline passes, even if the run is then parked.
             left = (wake_at_deadline - utcnow()).total_seconds()
@@ -555,7 +643,7 @@ class DurableRunner:
         cutoff = utcnow() - timedelta(seconds=self.settings.sweep_stale_after)
         decided_waiting = exists().where(
             journal_table.c.run_id == runs_table.c.id,
-            journal_table.c.step.like("approval:%"),
+            journal_table.c.step.like("approval:%") | journal_table.c.step.like("answers:%"),
             journal_table.c.state == "done",
             journal_table.c.finished_at > runs_table.c.updated_at,
         )
@@ -570,7 +658,10 @@ class DurableRunner:
                         and_(
                             runs_table.c.updated_at < cutoff,
                             (runs_table.c.status.in_(("queued", "running")))
-                            | and_(runs_table.c.status == "awaiting_approval", decided_waiting),
+                            | and_(
+                                runs_table.c.status.in_(("awaiting_approval", "awaiting_answers")),
+                                decided_waiting,
+                            ),
                         )
                         | overdue
                     )

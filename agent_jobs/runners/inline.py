@@ -13,19 +13,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal, TypeVar
 
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..approvals import approval_step, decision_from_call, record_decision
+from ..approvals import (
+    answers_step,
+    approval_step,
+    decision_from_call,
+    record_answers,
+    record_decision,
+)
 from ..errors import AgentJobsError, Cancelled, ModelError
 from ..executor import StepEnv, execute_local, execute_remote
 from ..hooks import (
+    AnswersWait,
     ApprovalWait,
     Decision,
+    Delegation,
+    DelegationOutcome,
     LoopHooks,
     ParallelBlock,
     Settled,
@@ -40,6 +49,7 @@ from ..settings import Settings, get_settings
 from ..steps import ModelTurn, dump
 from ..store import RunView, Store, toolcalls
 from ..store import journal as journal_rows
+from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..stream import Frame, MemoryStreams, RunStream
@@ -47,7 +57,13 @@ from .common import (
     Ending,
     RunRequest,
     check_request,
+    child_request,
+    child_run_id,
     create_run,
+    delegation_intent,
+    delegation_outcome,
+    delegation_started,
+    delegation_step,
     finish_turn,
     new_id,
     start_next_turn,
@@ -188,7 +204,7 @@ class InlineHooks(LoopHooks):
     def await_approval(self, wait: ApprovalWait) -> Decision:
         run_id, call = wait.run_id, wait.call
         store = self.runner.store
-        future = self.runner._pending_future(run_id, call.id)
+        future: Future[Decision] = self.runner._pending_future(run_id, call.id)
         with store.begin() as conn:
             journal_rows.insert_pending(
                 conn,
@@ -209,7 +225,12 @@ class InlineHooks(LoopHooks):
             args=call.args,
             args_sha256=wait.args_sha256,
         )
-        decision = self._wait_for_decision(future, run_id, call.id)
+
+        def recorded() -> Decision | None:
+            with store.connect() as conn:
+                return decision_from_call(toolcalls.get_call(conn, run_id, call.id))
+
+        decision = self._wait_for(future, run_id, call.id, recorded)
         with store.begin() as conn:
             journal_rows.complete(
                 conn,
@@ -222,24 +243,112 @@ class InlineHooks(LoopHooks):
         self.stream.emit("status", status="running")
         return decision
 
-    def _wait_for_decision(self, future: Future[Decision], run_id: str, call_id: str) -> Decision:
-        # Another process may record the decision (`agent-jobs approve`) or cancel the
-        # run, so poll the database between waits on the in-process future.
+    def _wait_for(
+        self, future: Future[T], run_id: str, key: str, recorded: Callable[[], T | None]
+    ) -> T:
+        """Wait for a person. Another process may record the decision or the answers
+        (`agent-jobs approve`, the listener) or cancel the run, so poll the database
+        between waits on the in-process future."""
         try:
             while True:
                 try:
                     return future.result(timeout=self.runner.poll_interval)
                 except FutureTimeout:
                     self.runner._check_cancel(run_id)
-                    with self.runner.store.connect() as conn:
-                        decided = decision_from_call(toolcalls.get_call(conn, run_id, call_id))
-                    if decided is not None:
-                        return decided
+                    found = recorded()
+                    if found is not None:
+                        return found
         finally:
-            self.runner._forget_future(run_id, call_id)
+            self.runner._forget_future(run_id, key)
+
+    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
+        run_id, call = wait.run_id, wait.call
+        store = self.runner.store
+        future: Future[dict[str, Any]] = self.runner._pending_future(run_id, wait.request_id)
+        with store.begin() as conn:
+            question_rows.ask(
+                conn,
+                run_id=run_id,
+                request_id=wait.request_id,
+                call_id=call.id,
+                tool=call.name,
+                asked=wait.questions,
+            )
+            journal_rows.insert_pending(
+                conn,
+                run_id=run_id,
+                step=answers_step(wait.request_id),
+                seq=self._next_seq(),
+                intent={"request_id": wait.request_id, "call_id": call.id, "tool": call.name},
+                state="waiting",
+            )
+            label = f"awaiting_answers {call.name} {wait.request_id}"
+            run_rows.set_status(conn, run_id, "awaiting_answers", waiting_on=label)
+        self.stream.emit("status", status="awaiting_answers", request_id=wait.request_id)
+        self.stream.emit(
+            "question",
+            request_id=wait.request_id,
+            call_id=call.id,
+            tool=call.name,
+            questions=wait.questions,
+        )
+
+        def recorded() -> dict[str, Any] | None:
+            with store.connect() as conn:
+                asked = question_rows.get(conn, run_id, wait.request_id)
+            return dict(asked.answers) if asked is not None and asked.answers is not None else None
+
+        answers = self._wait_for(future, run_id, wait.request_id, recorded)
+        with store.begin() as conn:
+            journal_rows.complete(
+                conn,
+                run_id,
+                answers_step(wait.request_id),
+                state="done",
+                result={"answers": answers},
+            )
+            run_rows.set_status(conn, run_id, "running")
+        self.stream.emit("status", status="running")
+        return answers
 
     def open_sink(self, request: SinkOpen) -> TurnSink:
         return self.output
+
+    def run_agent(self, delegation: Delegation) -> DelegationOutcome:
+        """A nested turn on a transient sub-thread, as a child run of its own: it parks on
+        a person exactly as a top-level run does, its frames in the ancestor's stream."""
+        runner = self.runner
+        runner._check_cancel(self.run.run_id)
+        seq = self._next_seq()
+        child_id = child_run_id(self.run.run_id, delegation.call.id)
+        request = child_request(self.run, delegation, child_id)
+        with runner.store.begin() as conn:
+            create_run(
+                conn,
+                request,
+                run_id=child_id,
+                runner="inline",
+                status="running",
+                app=runner.app,
+                parent_run_id=self.run.run_id,
+                root_run_id=self.run.root_run_id,
+                depth=delegation.depth,
+            )
+        delegation_started(self.run.run_id, delegation, child_id)
+        child = runner.store.get_run(child_id)
+        runner._turn(child, RunStream(runner.streams, child.root_run_id, child_id))
+        ended = runner.store.get_run(child_id)
+        outcome = delegation_outcome(child_id, ended.status, ended.output, ended.error)
+        with runner.store.begin() as conn:
+            journal_rows.insert_done(
+                conn,
+                run_id=self.run.run_id,
+                step=delegation_step(delegation.call.id),
+                seq=seq,
+                intent=delegation_intent(delegation, child_id),
+                result=outcome.model_dump(mode="json"),
+            )
+        return outcome
 
     def parallel(self, block: ParallelBlock[T]) -> list[Settled[T]]:
         if len(block.tasks) < 2:
@@ -267,7 +376,7 @@ class InlineRunner:
         self.streams = streams or MemoryStreams()
         self.poll_interval = poll_interval
         self._lock = threading.Lock()
-        self._futures: dict[tuple[str, str], Future[Decision]] = {}
+        self._futures: dict[tuple[str, str], Future[Any]] = {}
         self._finished: dict[str, threading.Event] = {}
         self._cancelled: dict[str, threading.Event] = {}
         diagnostics.set_enabled(self.settings.diagnostics)
@@ -352,6 +461,18 @@ class InlineRunner:
             future.set_result(verdict)
         return True
 
+    def answer(self, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
+        """Record a person's answers and release the waiting turn; False if answered."""
+        with self.store.begin() as conn:
+            outcome = record_answers(conn, run_id, request_id, answers, actor=actor)
+        if outcome != "recorded":
+            return False
+        with self._lock:
+            future = self._futures.get((run_id, request_id))
+        if future is not None and not future.done():
+            future.set_result(answers)
+        return True
+
     def post_message(self, run_or_thread: str, text: str, *, target: str = "next-step") -> str:
         """Queue a message on the thread's inbox; returns the thread id.
 
@@ -402,13 +523,13 @@ class InlineRunner:
             flag.wait(min(left, self.poll_interval))
             self._check_cancel(run_id)
 
-    def _pending_future(self, run_id: str, call_id: str) -> Future[Decision]:
+    def _pending_future(self, run_id: str, key: str) -> Future[Any]:
         with self._lock:
-            return self._futures.setdefault((run_id, call_id), Future())
+            return self._futures.setdefault((run_id, key), Future())
 
-    def _forget_future(self, run_id: str, call_id: str) -> None:
+    def _forget_future(self, run_id: str, key: str) -> None:
         with self._lock:
-            self._futures.pop((run_id, call_id), None)
+            self._futures.pop((run_id, key), None)
 
     # --- the background turn -----------------------------------------------------------
 
@@ -456,7 +577,7 @@ class InlineRunner:
         else:
             ending = Ending.completed(result.output)
         with self.store.begin() as conn:
-            next_run = finish_turn(conn, env, self.app, run, ending)
+            next_run = finish_turn(conn, env, self.app, run, ending).next_run
         kind, fields = ending.frame
         stream.emit(kind, **fields)
         diagnostics.publish(

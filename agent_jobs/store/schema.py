@@ -173,3 +173,18 @@ events = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 Index("ix_events_run", events.c.run_id)
+
+# Questions a tool asked a person, and the answers (the first answer wins).
+questions = Table(
+    "questions",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.id"), primary_key=True),
+    Column("request_id", String(300), primary_key=True),
+    Column("call_id", String(200), nullable=False),
+    Column("tool", String(200), nullable=False),
+    Column("questions", Json, nullable=False),
+    Column("answers", Json, nullable=True),
+    Column("answered_by", String(200), nullable=True),
+    Column("answered_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
