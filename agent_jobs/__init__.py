@@ -21,6 +21,7 @@ from .errors import (
     UnknownRunError,
     UnknownToolError,
 )
+from .history import SlidingWindowHistory, summarize_with_model
 from .hooks import Decision, LoopHooks
 from .loop import LoopDeps, TurnInput, TurnResult, run_agent_loop
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
@@ -55,6 +56,7 @@ __all__ = [
     "QuotaExceededError",
     "RunView",
     "ScriptedModel",
+    "SlidingWindowHistory",
     "Settings",
     "StepFailedError",
     "Store",
@@ -75,4 +77,5 @@ __all__ = [
     "get_settings",
     "load_app",
     "run_agent_loop",
+    "summarize_with_model",
 ]

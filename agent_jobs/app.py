@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from .errors import AppLoadError, ConfigurationError, UnknownAgentError
+from .history import SlidingWindowHistory
 from .messages import ModelSettings, ToolSpec
 from .models.base import Model
 from .prestep import PreStepListener
@@ -57,6 +58,7 @@ class AgentSpec:
     max_steps: int = 8
     options: AgentOptions = field(default_factory=AgentOptions)
     description: str = ""
+    history: SlidingWindowHistory | None = None
 
     def model_settings(self) -> ModelSettings:
         return ModelSettings(
@@ -143,6 +145,7 @@ class AgentApp:
         max_steps: int = 8,
         options: AgentOptions | None = None,
         description: str = "",
+        history: SlidingWindowHistory | None = None,
     ) -> AgentSpec:
         """Define an agent. A name in `tools` may be a tool or another agent.
 
@@ -170,6 +173,7 @@ class AgentApp:
             max_steps=max_steps,
             options=options or AgentOptions(),
             description=description,
+            history=history,
         )
         self.agents[name] = spec
         return spec

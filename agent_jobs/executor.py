@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 
 from . import diagnostics, prestep, session
 from .app import AgentApp
-from .errors import ToolError
+from .errors import ModelError, ToolError
 from .messages import Message
 from .steps import (
     CallVerdict,
@@ -39,6 +39,7 @@ from .steps import (
     QuotaVerdict,
     RecordUsage,
     SetTitle,
+    Summarize,
     ThreadSnapshot,
     ToolOutcome,
 )
@@ -103,10 +104,10 @@ def _persist_user(intent: Any, conn: Connection, env: StepEnv, step: str) -> Per
 
 
 def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> ThreadSnapshot:
+    # Whether the thread was ever answered is asked of the whole thread, not the window.
     title, answered = threads.title_and_answered(conn, intent.thread_id)
-    return ThreadSnapshot(
-        messages=threads.thread_messages(conn, intent.thread_id), title=title, answered=answered
-    )
+    messages = threads.thread_messages(conn, intent.thread_id, limit=intent.message_limit)
+    return ThreadSnapshot(messages=messages, title=title, answered=answered)
 
 
 def _record_usage(intent: Any, conn: Connection, env: StepEnv, step: str) -> Done:
@@ -303,12 +304,21 @@ def execute_remote(intent: Intent, env: StepEnv, step: str) -> BaseModel:
         return _model_turn(intent, env)
     if isinstance(intent, InvokeTool):
         return _invoke_tool(intent, env, step)
+    if isinstance(intent, Summarize):
+        return _summarize(intent, env)
     raise TypeError(f"{type(intent).__name__} is not a remote step")
 
 
 def _model_turn(intent: ModelTurn, env: StepEnv) -> BaseModel:
     agent = env.app.get_agent(intent.request.agent)
     return agent.model.run_turn(intent.request, env.stream)
+
+
+def _summarize(intent: Summarize, env: StepEnv) -> BaseModel:
+    window = env.app.get_agent(intent.agent).history
+    if window is None or window.summarizer is None:
+        raise ModelError(f"agent {intent.agent!r} has no summarizing history window")
+    return window.summarizer.summarize(intent.run_id, intent.agent, intent.messages)
 
 
 def _invoke_tool(intent: InvokeTool, env: StepEnv, step: str) -> ToolOutcome:

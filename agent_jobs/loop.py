@@ -24,6 +24,7 @@ from .errors import (
     StepFailedError,
     StepRejectedError,
 )
+from .history import SlidingWindowHistory, summary_message
 from .hooks import (
     AnswersWait,
     ApprovalWait,
@@ -53,6 +54,7 @@ from .steps import (
     QuotaVerdict,
     RecordUsage,
     SetTitle,
+    Summarize,
     ThreadSnapshot,
     ToolOutcome,
 )
@@ -60,6 +62,7 @@ from .steps import (
 R = TypeVar("R", bound=BaseModel)
 
 PARALLEL_TOOLS = "agent:parallel-tools"
+HISTORY_SELECT = "agent:history-select"
 MAX_QUESTION_ROUNDS = 5
 TITLE_LENGTH = 60
 
@@ -113,9 +116,15 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
 
     persist = PersistUserMessage(run_id=turn.run_id, thread_id=turn.thread_id, content=turn.text)
     _step(hooks, "persist:user", persist, Persisted)
-    load = LoadThread(run_id=turn.run_id, thread_id=turn.thread_id)
+    window = deps.agent.history
+    limit = window.message_limit if window is not None else None
+    load = LoadThread(run_id=turn.run_id, thread_id=turn.thread_id, message_limit=limit)
     snapshot = _step(hooks, "load:thread", load, ThreadSnapshot)
     history = list(snapshot.messages)
+    # The window changed which checkpoints a turn writes: gated, so a run that began
+    # before it existed finishes on the old shape. With no window, never reached.
+    if window is not None and hooks.patched(Patch(HISTORY_SELECT)):
+        history = _bounded(window, history, turn, deps, hooks)
 
     offered = deps.app.offered_tools(deps.agent, turn.actor, deps.persona)
     specs = deps.app.tool_specs(offered)
@@ -177,6 +186,33 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
         history.extend(tools.run(calls))
 
     raise MaxStepsExceededError(deps.agent.max_steps)
+
+
+def _bounded(
+    window: SlidingWindowHistory,
+    history: list[Message],
+    turn: TurnInput,
+    deps: LoopDeps,
+    hooks: LoopHooks,
+) -> list[Message]:
+    """What of the history rides the request: the window, and a summary of the rest."""
+    split = window.select(history)  # pure: its input already is a checkpoint's result
+    if not split.dropped or window.summarizer is None:
+        return split.kept
+    ask = Summarize(run_id=turn.run_id, agent=deps.agent.name, messages=split.dropped)
+    summary = _step(hooks, "history:summarize", ask, ModelResponse)
+    usage = RecordUsage(
+        run_id=turn.run_id,
+        thread_id=turn.thread_id,
+        actor=turn.actor,
+        day=deps.day,
+        step="history:summarize",
+        kind="summary",
+        model=summary.model,
+        usage=summary.usage,
+    )
+    _step(hooks, "usage:summary", usage, Done)
+    return [summary_message(summary.text), *split.kept]
 
 
 class _Tools:

@@ -115,6 +115,17 @@ class PrepareStep(Intent):
     defaults: ModelSettings
 
 
+class Summarize(Intent):
+    """`history:summarize`: fold what the window left out into a summary (a model call)."""
+
+    type: Literal["summarize"] = "summarize"
+    result_type = ModelResponse
+    remote = True
+    run_id: str
+    agent: str
+    messages: list[Message]
+
+
 class ModelTurn(Intent):
     type: Literal["model_turn"] = "model_turn"
     result_type = ModelResponse
@@ -193,6 +204,7 @@ AnyIntent = Annotated[
     | PersistUserMessage
     | LoadThread
     | PrepareStep
+    | Summarize
     | ModelTurn
     | RecordUsage
     | PersistAssistant

@@ -26,8 +26,14 @@ from sqlalchemy import (
     select,
 )
 
-from agent_jobs import AgentApp, AgentOptions, ScriptedModel
-from agent_jobs.messages import ModelRequest, ModelResponse
+from agent_jobs import (
+    AgentApp,
+    AgentOptions,
+    ScriptedModel,
+    SlidingWindowHistory,
+    summarize_with_model,
+)
+from agent_jobs.messages import ModelRequest, ModelResponse, Usage
 from agent_jobs.models.base import DeltaSink
 from agent_jobs.prestep import PreStepContext, PreStepDecision
 from agent_jobs.tools import ToolContext
@@ -427,4 +433,39 @@ app.agent(
         ]
     ),
     tools=["schedule"],
+)
+
+
+# --- a bounded history ---------------------------------------------------------------------
+
+
+class SummaryModel:
+    """Summarises, and counts how often it was asked."""
+
+    name = "summarizer"
+
+    def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        record(request.run_id, "summary", request.messages[0].content[:50])
+        return ModelResponse(
+            text="they talked about orders",
+            usage=Usage(input_tokens=40, output_tokens=5),
+            model=self.name,
+        )
+
+
+app.agent(
+    "windowed",
+    model=CountingModel([{"text": "windowed answer"}]),
+    history=SlidingWindowHistory(max_messages=4),
+)
+app.agent(
+    "summarized",
+    model=CountingModel([{"text": "summarized answer", "delay": 0.0}]),
+    history=SlidingWindowHistory(max_messages=2, summarize=summarize_with_model(SummaryModel())),
+)
+# The summary is made, then the model streams for three seconds: time to kill a worker.
+app.agent(
+    "summarykill",
+    model=CountingModel([{"text": "after the summary", "delay": 3.0}]),
+    history=SlidingWindowHistory(max_messages=2, summarize=summarize_with_model(SummaryModel())),
 )

@@ -90,3 +90,42 @@ def test_a_persona_wraps_the_prompt_and_narrows_the_tools(harness: Harness) -> N
     assert [t["name"] for t in request["tools"]] == ["lookup"]
     harness.cancel(run_id)
     harness.wait(run_id)
+
+
+# --- a bounded history ------------------------------------------------------------------------
+
+
+def _turns(harness: Harness, agent: str, texts: list[str]) -> list[str]:
+    thread: str | None = None
+    ids = []
+    for text in texts:
+        run = harness.wait(harness.start(agent, text, thread_id=thread))
+        assert run.status == "completed", run.error
+        thread = run.thread_id
+        ids.append(run.run_id)
+    return ids
+
+
+def test_the_window_bounds_the_read_and_the_request(harness: Harness) -> None:
+    first, _, third = _turns(harness, "windowed", ["one", "two", "three"])
+    journal = {j["step"]: j for j in harness.store.journal(third)}
+    loaded = journal["load:thread"]["result"]["messages"]
+    assert [m["content"] for m in loaded] == ["windowed answer", "two", "windowed answer", "three"]
+    assert journal["load:thread"]["intent"]["message_limit"] == 4  # bounded by the database
+    sent = [m["content"] for m in journal["model:1"]["intent"]["request"]["messages"]]
+    assert sent == ["windowed answer", "two", "windowed answer", "three"]
+    assert journal["load:thread"]["result"]["answered"] is True  # asked of the whole thread
+    assert "patch:agent:history-select" in journal or harness.kind == "inline"
+    assert harness.store.thread_title(harness.store.get_run(first).thread_id) == "one"
+
+
+def test_what_the_window_drops_is_summarised_once(harness: Harness) -> None:
+    _, second = _turns(harness, "summarized", ["one", "two"])
+    journal = {j["step"]: j for j in harness.store.journal(second)}
+    assert journal["load:thread"]["intent"]["message_limit"] is None  # a summary needs it all
+    sent = journal["model:1"]["intent"]["request"]["messages"]
+    assert sent[0]["role"] == "system" and sent[0]["content"].endswith("they talked about orders")
+    assert [m["content"] for m in sent[1:]] == ["summarized answer", "two"]
+    kinds = [(u["kind"], u["step"]) for u in harness.store.usage(second)]
+    assert kinds == [("summary", "history:summarize"), ("model", "model:1")]
+    assert [what for what, _ in executed(second)].count("summary") == 1

@@ -309,3 +309,22 @@ def test_a_killed_worker_resumes_with_the_batch_it_had_claimed(cluster: Cluster)
     ]
     assert claims == [session.splice("next-step", 0, 1, [], "claimed")]  # claimed once
     assert fold_inbox(cluster.client.events(run_id)).next_step == ["second steer"]
+
+
+def test_a_summary_is_made_once_though_the_worker_dies_right_after(cluster: Cluster) -> None:
+    worker = cluster.worker(concurrency=1)
+    first = cluster.client.enqueue_run("summarykill", "one", actor="user-7")
+    assert cluster.wait(first, timeout=30).status == "completed"
+    thread = cluster.store.get_run(first).thread_id
+    second = cluster.client.enqueue_run("summarykill", "two", actor="user-7", thread_id=thread)
+    cluster.wait_step(second, "history:summarize", "done")
+    cluster.wait_step(second, "model:1", "started", timeout=30)
+    worker.kill()
+    cluster.worker(concurrency=1)
+    cluster.beat()
+    run = cluster.wait(second, timeout=60)
+    assert run.status == "completed" and run.output == "after the summary"
+    assert [what for what, _ in executed(second)].count("summary") == 1
+    journal = {j["step"]: j for j in cluster.store.journal(second)}
+    assert journal["model:1"]["attempts"] == 2
+    assert [u["kind"] for u in cluster.store.usage(second)] == ["summary", "model"]

@@ -53,7 +53,7 @@ from ..leases import Leases
 from ..loop import run_agent_loop
 from ..retry import RequestErrorPayload, resolve
 from ..settings import Settings
-from ..steps import Intent, InvokeTool, ModelTurn, dump, parse_intent
+from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
 from ..store import RunView, Store, toolcalls
 from ..store import events as event_rows
 from ..store import journal as journal_rows
@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 def task_for(intent: Intent) -> str:
     """The Celery task that carries out a remote intent."""
-    if isinstance(intent, ModelTurn):
+    if isinstance(intent, ModelTurn | Summarize):
         return MODEL_TURN
     if isinstance(intent, InvokeTool):
         return INVOKE_TOOL

@@ -77,9 +77,21 @@ _THREAD = (
 )
 
 
-def thread_messages(conn: Connection, thread_id: str) -> list[Message]:
-    """Every message of the thread, oldest first."""
-    rows = conn.execute(_THREAD, {"thread_id": thread_id}).all()
+_NEWEST = (
+    select(*_TURN_COLUMNS)
+    .where(messages.c.thread_id == bindparam("thread_id"))
+    .order_by(messages.c.id.desc())
+    .limit(bindparam("limit"))
+)
+
+
+def thread_messages(conn: Connection, thread_id: str, *, limit: int | None = None) -> list[Message]:
+    """The thread's messages, oldest first: all of them, or the newest `limit` rows,
+    bounded by the database and projected to the columns a model turn needs."""
+    if limit is None:
+        rows = list(conn.execute(_THREAD, {"thread_id": thread_id}).all())
+    else:
+        rows = list(reversed(conn.execute(_NEWEST, {"thread_id": thread_id, "limit": limit}).all()))
     return [_to_message(row) for row in rows]
 
 
