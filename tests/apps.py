@@ -469,3 +469,24 @@ app.agent(
     model=CountingModel([{"text": "after the summary", "delay": 3.0}]),
     history=SlidingWindowHistory(max_messages=2, summarize=summarize_with_model(SummaryModel())),
 )
+
+
+# --- a poison step ----------------------------------------------------------------------------
+
+
+@app.tool(kind="read")
+def crash_worker(ctx: ToolContext) -> str:
+    """Kills the process that runs it, every time: a step no worker survives."""
+    import os
+    import signal
+
+    record(ctx.run_id, "crash", ctx.idempotency_key)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+app.agent(
+    "poison",
+    model=CountingModel([{"tool_calls": [{"name": "crash_worker", "args": {}}]}, {"text": "x"}]),
+    tools=["crash_worker"],
+)

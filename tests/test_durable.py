@@ -328,3 +328,15 @@ def test_a_summary_is_made_once_though_the_worker_dies_right_after(cluster: Clus
     journal = {j["step"]: j for j in cluster.store.journal(second)}
     assert journal["model:1"]["attempts"] == 2
     assert [u["kind"] for u in cluster.store.usage(second)] == ["summary", "model"]
+
+
+def test_a_step_that_keeps_killing_its_worker_becomes_a_dead_letter(cluster: Cluster) -> None:
+    cluster.worker(concurrency=1)
+    cluster.beat()
+    run_id = cluster.client.enqueue_run("poison", "go", actor="user-7")
+    run = cluster.wait(run_id, timeout=90)
+    assert run.status == "failed" and run.error_type == "StepFailedError"
+    assert "gave up after 3 attempts" in (run.error or "")
+    assert executed(run_id).count(("crash", f"{run_id}:tool:call_1")) == 3
+    step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
+    assert step["state"] == "failed"
