@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
 from . import diagnostics, prestep, session
 from .app import AgentApp
 from .errors import ModelError, ToolError
-from .messages import Message
+from .messages import Message, ModelResponse
 from .steps import (
     CallVerdict,
     Done,
@@ -311,7 +311,18 @@ def execute_remote(intent: Intent, env: StepEnv, step: str) -> BaseModel:
 
 def _model_turn(intent: ModelTurn, env: StepEnv) -> BaseModel:
     agent = env.app.get_agent(intent.request.agent)
-    return agent.model.run_turn(intent.request, env.stream)
+    reply: object = agent.model.run_turn(intent.request, env.stream)
+    if isinstance(reply, ModelResponse):
+        return reply
+    try:  # an adapter may hand back the reply's fields as a mapping
+        return ModelResponse.model_validate(reply)
+    except ValidationError as exc:
+        raise ModelError(
+            f"the model adapter {agent.model.name!r} returned a malformed reply "
+            f"({type(reply).__name__}): {exc.error_count()} problem(s), first: "
+            f"{exc.errors()[0]['msg']}",
+            kind="invalid_response",
+        ) from None
 
 
 def _summarize(intent: Summarize, env: StepEnv) -> BaseModel:

@@ -507,3 +507,19 @@ def _wait_status(store: Store, run_id: str, status: str, timeout: float = 10) ->
     while store.get_run(run_id).status != status:
         assert time.monotonic() < deadline, f"{run_id} never reached {status}"
         time.sleep(0.02)
+
+
+def test_a_malformed_model_reply_fails_the_run_clearly(store: Store) -> None:
+    class Garbled:
+        name = "garbled"
+
+        def run_turn(self, request: Any, sink: Any) -> Any:
+            return {"text": 42, "tool_calls": "not a list"}
+
+    app = AgentApp()
+    app.agent("a", model=Garbled())
+    runner = make_runner(app, store)
+    view = runner.run("a", "x", timeout=10)
+    assert view.status == "failed" and view.error_type == "ModelError"
+    assert "returned a malformed reply" in (view.error or "")
+    assert [m.role for m in store.thread_messages(view.thread_id)] == ["user"]
