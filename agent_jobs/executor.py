@@ -238,12 +238,12 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
 
 def _prepare(intent: Any, conn: Connection, env: StepEnv, step: str) -> Prepared:
     """The step boundary, decided once: steering, the model selection, the listeners."""
-    env.flush_events(conn)  # keep the log in order: earlier events of this pass first
     thread_id, run_id = intent.thread_id, intent.run_id
-    claimed = session.claim_next_step(conn, thread_id, run_id)
-    selection = session.fold_selection(
-        session.thread_events(conn, thread_id, types=[session.SELECTED])
-    )
+    log = session.thread_events(conn, thread_id, types=[session.SPLICED, session.SELECTED])
+    if session.fold_inbox(log).next_step:
+        env.flush_events(conn)  # keep the log in order: this pass's earlier events first
+    claimed = session.claim_next_step(conn, thread_id, run_id, log=log)
+    selection = session.fold_selection(log)
     settings = intent.defaults
     if selection is not None:
         # Captured now, applied when sending: a later switch waits for a later step.

@@ -197,9 +197,12 @@ def push(conn: Connection, thread_id: str, run_id: str | None, target: str, text
     event_rows.append(conn, [(thread_id, run_id, SPLICED, splice(target, -1, 0, [text], None))])
 
 
-def claim_next_step(conn: Connection, thread_id: str, run_id: str) -> list[str]:
-    """Take every steering message queued for the next step."""
-    inbox = fold_inbox(thread_events(conn, thread_id, types=[SPLICED]))
+def claim_next_step(
+    conn: Connection, thread_id: str, run_id: str, *, log: Sequence[Event] | None = None
+) -> list[str]:
+    """Take every steering message queued for the next step (`log`: the thread's events,
+    if the caller already read them)."""
+    inbox = fold_inbox(log if log is not None else thread_events(conn, thread_id, types=[SPLICED]))
     if not inbox.next_step:
         return []
     batch = list(inbox.next_step)

@@ -174,8 +174,8 @@ def finish_turn(
         error=ending.error,
         error_type=ending.error_type,
     )
-    env.flush_events(conn)
     if ending.status == "cancelled" and not ending.keep_inbox:
+        env.flush_events(conn)  # keep the log in order: this pass's earlier events first
         session.clear(conn, run.thread_id, run.run_id)
     if run.status != "queued":  # a run cancelled before it began never opened a turn
         data: dict[str, Any] = {"reason": ending.reason}
