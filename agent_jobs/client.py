@@ -40,7 +40,9 @@ class Client:
     def from_settings(cls, settings: Settings | None = None) -> Client:
         settings = settings or get_settings()
         dispatcher = (
-            CeleryDispatcher(celery_client(settings.broker_url)) if settings.broker_url else None
+            CeleryDispatcher(celery_client(settings.broker_url, settings.queue))
+            if settings.broker_url
+            else None
         )
         return cls(
             Store.from_url(settings.database_url), load_app(settings.app), settings, dispatcher

@@ -16,26 +16,33 @@ SWEEP = "agent_jobs.sweep"
 QUEUE = "agent_jobs"
 
 
-def task_queues() -> list[Queue]:
+def task_queues(queue: str) -> list[Queue]:
     """The queue every task goes to, on the anonymous exchange.
 
     Routing by queue name needs no binding kept in Redis, so a broker that lost
     everything (restarted empty, FLUSHALL) still delivers the sweep's re-drives.
     """
-    return [Queue(QUEUE, Exchange("", type="direct"), routing_key=QUEUE)]
+    return [Queue(queue, Exchange("", type="direct"), routing_key=queue)]
 
 
-def routing_config() -> dict[str, Any]:
-    """Serialisation and routing settings every Celery app of this project shares."""
+def routing_config(queue: str | None = None) -> dict[str, Any]:
+    """Serialisation and routing settings every Celery app of this project shares.
+
+    `queue` defaults to `AGENT_JOBS_QUEUE`.
+    """
+    if queue is None:
+        from .settings import get_settings
+
+        queue = get_settings().queue
     return {
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
         "event_serializer": "json",
-        "task_queues": task_queues(),
-        "task_default_queue": QUEUE,
+        "task_queues": task_queues(queue),
+        "task_default_queue": queue,
         "task_default_exchange": "",
-        "task_default_routing_key": QUEUE,
+        "task_default_routing_key": queue,
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,
     }
@@ -51,10 +58,10 @@ class Dispatcher(Protocol):
         ...
 
 
-def celery_client(broker_url: str) -> Celery:
+def celery_client(broker_url: str, queue: str | None = None) -> Celery:
     """A Celery app that only sends: JSON only, no result backend."""
     client = Celery("agent_jobs_client", broker=broker_url, set_as_current=False)
-    client.conf.update(routing_config())
+    client.conf.update(routing_config(queue))
     return client
 
 
@@ -63,24 +70,26 @@ class CeleryDispatcher:
 
     def __init__(self, celery: Celery) -> None:
         self.celery = celery
+        self.queue: str = celery.conf.task_default_queue or QUEUE
 
     def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
-        self.celery.send_task(COORDINATE, args=[run_id], queue=QUEUE, countdown=countdown)
+        self.celery.send_task(COORDINATE, args=[run_id], queue=self.queue, countdown=countdown)
 
     def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
         if not steps:
             return
         if len(steps) == 1:
             task, step = steps[0]
-            self.celery.send_task(task, args=[run_id, step], queue=QUEUE)
+            self.celery.send_task(task, args=[run_id, step], queue=self.queue)
             return
         # A fan-out of reads: one group, every member re-drives the run when it ends.
         # No chord: the coordinator itself notices when all have settled.
         signatures: list[Any] = [
-            self.celery.signature(task, args=[run_id, step], queue=QUEUE) for task, step in steps
+            self.celery.signature(task, args=[run_id, step], queue=self.queue)
+            for task, step in steps
         ]
         group(signatures).apply_async()
 
     def start_run(self, kwargs: dict[str, Any], *, task_id: str | None = None) -> str:
-        result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=QUEUE)
+        result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=self.queue)
         return str(result.id)

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite:///agent_jobs.db"
     broker_url: str | None = None
+    # The Celery queue of this deployment: several deployments can share one Redis.
+    queue: str = "agent_jobs"
     redis_url: str | None = None
     app: str | None = None
     approvals_channel: str = "agent_jobs:approvals"

@@ -12,7 +12,7 @@ from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 
 from . import apps
-from .conftest import truncate_all
+from .conftest import SESSION_QUEUE, truncate_all
 from .workers import Process, service_env, start_beat, start_worker
 
 CRASH_BROKER_DB = 2
@@ -33,12 +33,13 @@ class Cluster:
         self.procs: list[Process] = []
         self.store = Store.from_url(pg_url)
         truncate_all(self.store)
-        self.celery = celery_client(broker)
-        settings = Settings(broker_url=broker, database_url=pg_url)
+        self.celery = celery_client(broker, SESSION_QUEUE)
+        settings = Settings(broker_url=broker, database_url=pg_url, queue=SESSION_QUEUE)
         self.client = Client(self.store, apps.app, settings, CeleryDispatcher(self.celery))
 
     def env(self, **extra: str) -> dict[str, str]:
-        return service_env(self.broker, self.pg_url, **(FAST_RECOVERY | extra))
+        env = FAST_RECOVERY | {"AGENT_JOBS_QUEUE": SESSION_QUEUE} | extra
+        return service_env(self.broker, self.pg_url, **env)
 
     def worker(self, concurrency: int = 2, **extra: str) -> Process:
         proc = start_worker(self.env(**extra), concurrency=concurrency)

@@ -13,6 +13,10 @@ from sqlalchemy import create_engine, text
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 
+# A queue of this test session's own for the shared and crash-test workers: two pytest
+# runs on one machine's Redis never take each other's tasks.
+SESSION_QUEUE = f"agent_jobs_test_{uuid.uuid4().hex[:8]}"
+
 PG_ADMIN_URL = os.environ.get(
     "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -109,7 +113,8 @@ def durable_workers(pg_url: str, durable_broker: str) -> Iterator[object]:
     """Eight worker processes shared by the durable scenario tests."""
     from .workers import service_env, start_worker
 
-    proc = start_worker(service_env(durable_broker, pg_url), concurrency=8, name="shared")
+    env = service_env(durable_broker, pg_url, AGENT_JOBS_QUEUE=SESSION_QUEUE)
+    proc = start_worker(env, concurrency=8, name="shared")
     yield proc
     proc.stop()
 
@@ -136,8 +141,8 @@ def harness(
     else:
         broker = request.getfixturevalue("durable_broker")
         request.getfixturevalue("durable_workers")
-        celery = celery_client(broker)
-        settings = Settings(broker_url=broker, database_url=pg_url)
+        celery = celery_client(broker, SESSION_QUEUE)
+        settings = Settings(broker_url=broker, database_url=pg_url, queue=SESSION_QUEUE)
         client = Client(store, apps.app, settings, CeleryDispatcher(celery))
         streams = RedisStreams.from_url(broker)
         yield DurableHarness(client, streams)

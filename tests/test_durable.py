@@ -65,7 +65,8 @@ def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
     before = executed(run_id)
 
     # The same (run_id, step) delivered again, and the run re-driven twice more.
-    cluster.celery.send_task(MODEL_TURN, args=[run_id, "model:1"], queue="agent_jobs")
+    queue = cluster.client._broker().queue
+    cluster.celery.send_task(MODEL_TURN, args=[run_id, "model:1"], queue=queue)
     cluster.client.wake(run_id)
     cluster.client.wake(run_id)
     duplicate = cluster.celery.send_task(
@@ -76,7 +77,7 @@ def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
             "actor": "user-7",
             "run_id": run_id,
         },
-        queue="agent_jobs",
+        queue=queue,
     )
     assert duplicate.id
     time.sleep(1.5)

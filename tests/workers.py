@@ -97,7 +97,7 @@ def worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> P
         "--without-mingle",
         "--without-heartbeat",
         f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
-        "--queues=agent_jobs",
+        f"--queues={env.get('AGENT_JOBS_QUEUE', 'agent_jobs')}",
     ]
     return Process(args, env, name)
 
