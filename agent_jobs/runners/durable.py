@@ -397,6 +397,11 @@ class DurableRunner:
             if run.finished:
                 env.flush_events(conn)
                 return run.status  # a late result of a finished run changes nothing else
+            if completion is not None and journal_rows.any_in_flight(conn, run_id):
+                # A sibling of a fan-out is still out: a replay would stop at it, and its
+                # own result re-drives the run. Record this one and spare the replay.
+                env.flush_events(conn)
+                return f"{completion.step} recorded; waiting for its siblings"
             cause = self._cancel_cause(conn, run)
             if cause is not None:
                 ending = Ending.cancelled(cause, run.cancel_keep_inbox)
