@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ class Gate:
 
     opened: threading.Event = field(default_factory=threading.Event)
     timeout: float = 5.0
+    reached: threading.Event = field(default_factory=threading.Event)  # the server waits here
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Reply:
     drop: bool = False  # cut the connection after the chunks, before the body ends
     stall: float = 0.0  # seconds to wait before answering at all
     stall_after_chunks: float = 0.0  # seconds to wait after the chunks, body unfinished
+    interval: float = 0.0  # seconds between two pieces, as a model streams its tokens
 
 
 @dataclass
@@ -48,6 +51,9 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
+    # `time.perf_counter()` as the first chunk of a streamed body was about to go out
+    # (the benchmark's "first byte").
+    first_chunk_at: float | None = None
 
 
 def openai_stream(chunks: Iterable[dict[str, Any]], *, done: bool = True) -> list[bytes | Gate]:
@@ -96,15 +102,14 @@ class _Handler(BaseHTTPRequestHandler):
             body: Any = json.loads(raw) if raw else None
         except json.JSONDecodeError:
             body = raw.decode("utf-8", "replace")
-        provider.record(
-            Recorded(
-                method="POST",
-                path=self.path,
-                headers={k.lower(): v for k, v in self.headers.items()},
-                body=body,
-            )
+        recorded = Recorded(
+            method="POST",
+            path=self.path,
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=body,
         )
-        reply = provider.next_reply()
+        provider.record(recorded)
+        reply = provider.next_reply(recorded)
         if reply.stall and provider.stopping.wait(reply.stall):
             self.close_connection = True
             return
@@ -121,11 +126,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for piece in reply.chunks:
+        for n, piece in enumerate(reply.chunks):
+            if n and reply.interval and provider.stopping.wait(reply.interval):
+                self.close_connection = True
+                return
             if isinstance(piece, Gate):
+                piece.reached.set()
                 if not piece.opened.wait(piece.timeout):
                     provider.gate_timeouts += 1
                 continue
+            if recorded.first_chunk_at is None:
+                recorded.first_chunk_at = time.perf_counter()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.flush()
         if reply.stall_after_chunks:
@@ -140,9 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeProvider:
-    """The server: start it, script replies, read what it was sent, stop it."""
+    """The server: start it, script replies, read what it was sent, stop it.
 
-    def __init__(self) -> None:
+    Scripted replies are served first come, first served; when none is left,
+    `responder` (if given) makes the reply from the request.
+    """
+
+    def __init__(self, responder: Callable[[Recorded], Reply] | None = None) -> None:
+        self.responder = responder
         self.replies: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         self.gate_timeouts = 0
@@ -164,10 +180,12 @@ class FakeProvider:
         with self._lock:
             self.requests.append(request)
 
-    def next_reply(self) -> Reply:
+    def next_reply(self, request: Recorded | None = None) -> Reply:
         with self._lock:
             if self.replies:
                 return self.replies.popleft()
+        if self.responder is not None and request is not None:
+            return self.responder(request)
         return json_error(500, {"error": {"message": "the test scripted no reply"}})
 
     @property
@@ -234,3 +252,116 @@ def make_request(
         tools=tools or [],
         settings=settings or ModelSettings(),
     )
+
+
+# --- whole replies, as the end-to-end tests and the benchmark script them -------------
+
+# A tool call as a reply asks for it: (call id, tool name, arguments).
+CallSpec = tuple[str, str, dict[str, Any]]
+
+
+def _halves(text: str) -> tuple[str, str]:
+    middle = max(1, len(text) // 2)
+    return text[:middle], text[middle:]
+
+
+def openai_reply(
+    texts: Iterable[str],
+    calls: Iterable[CallSpec] = (),
+    *,
+    prompt_tokens: int = 100,
+    completion_tokens: int = 20,
+    model: str = "gpt-4.1-mini-2025-04-14",
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    """A streamed Chat Completions reply: text pieces (one chunk each, the first with the
+    role), then the tool calls, each call's arguments split in two and the calls
+    interleaved, then the finish and a usage chunk."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-e2e",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    chunks = []
+    for i, text in enumerate(texts):
+        delta: dict[str, Any] = {"role": "assistant"} if i == 0 else {}
+        chunks.append(chunk({**delta, "content": text}))
+    specs = list(calls)
+    halves = [_halves(json.dumps(args)) for _, _, args in specs]
+    for index, (call_id, name, _) in enumerate(specs):
+        head = {"index": index, "id": call_id, "type": "function"}
+        function = {"name": name, "arguments": halves[index][0]}
+        chunks.append(chunk({"tool_calls": [{**head, "function": function}]}))
+    for index in range(len(specs)):
+        tail = {"index": index, "function": {"arguments": halves[index][1]}}
+        chunks.append(chunk({"tool_calls": [tail]}))
+    chunks.append(chunk({}, "tool_calls" if specs else "stop"))
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    chunks.append({**chunk({}), "choices": [], "usage": usage})
+    return Reply(headers=dict(headers or {}), chunks=openai_stream(chunks))
+
+
+def anthropic_reply(
+    texts: Iterable[str],
+    calls: Iterable[CallSpec] = (),
+    *,
+    input_tokens: int = 100,
+    output_tokens: int = 20,
+    model: str = "claude-haiku-4-5-20251001",
+    headers: dict[str, str] | None = None,
+    head: int = 1,
+) -> Reply:
+    """A streamed Messages reply: a text block (one delta per piece), then one tool_use
+    block per call with its input JSON split in two, then the stop and the usage.
+
+    `head` is how many leading events go out as one chunk: 3 sends the message start,
+    the text block start and the first text delta together, as a provider often does.
+    """
+    message: dict[str, Any] = {
+        "id": "msg_e2e",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+    }
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
+    pieces = list(texts)
+    index = 0
+    if pieces:
+        text_block = {"type": "text", "text": ""}
+        events.append({"type": "content_block_start", "index": 0, "content_block": text_block})
+        for text in pieces:
+            delta = {"type": "text_delta", "text": text}
+            events.append({"type": "content_block_delta", "index": 0, "delta": delta})
+        events.append({"type": "content_block_stop", "index": 0})
+        index = 1
+    specs = list(calls)
+    for call_id, name, args in specs:
+        block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        events.append({"type": "content_block_start", "index": index, "content_block": block})
+        for part in _halves(json.dumps(args)):
+            delta = {"type": "input_json_delta", "partial_json": part}
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        events.append({"type": "content_block_stop", "index": index})
+        index += 1
+    stop = {"stop_reason": "tool_use" if specs else "end_turn", "stop_sequence": None}
+    events.append(
+        {"type": "message_delta", "delta": stop, "usage": {"output_tokens": output_tokens}}
+    )
+    events.append({"type": "message_stop"})
+    chunks = anthropic_stream(events)
+    if head > 1:
+        chunks = [b"".join(p for p in chunks[:head] if isinstance(p, bytes)), *chunks[head:]]
+    return Reply(headers=dict(headers or {}), chunks=chunks)

@@ -174,6 +174,25 @@ def test_malformed_tool_arguments_are_an_invalid_response(fake: FakeProvider, mo
     assert not info.value.retryable
 
 
+def test_data_that_is_not_a_completion_chunk_is_skipped(fake: FakeProvider, model: Any) -> None:
+    odd: list[bytes | Gate] = [
+        b"data: 42\n\n",  # a proxy's keep-alive, say
+        b'data: {"id": "x", "choices": null}\n\n',
+        b'data: {"id": "x", "choices": [{"index": 0, "delta": null, "finish_reason": null}]}\n\n',
+        b'data: {"id": "x", "choices": [{"index": 1, "delta": {"content": "other"}}]}\n\n',
+    ]
+    reply = text_reply("Hi ", "there.", prompt=10, completion=2)
+    reply.chunks[1:1] = odd
+    fake.add(reply)
+    sink = RecordingSink()
+
+    response = model.run_turn(make_request(), sink)
+
+    assert sink.deltas == ["Hi ", "there."]
+    assert response.text == "Hi there."
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (10, 2)
+
+
 def test_litellm_cost_header_is_the_provider_cost(fake: FakeProvider, model: Any) -> None:
     reply = text_reply("Hi")
     reply.headers["x-litellm-response-cost"] = "0.00042"
