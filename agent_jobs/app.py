@@ -284,7 +284,13 @@ def load_app(path: str | None) -> AgentApp:
     """The `AgentApp` named by `module:attribute`, or the bundled demo when None."""
     if not path:
         from .demo import app as demo_app
+        from .models.registry import default_model_from_settings
 
+        # The demo's support agent runs on a real model when AGENT_JOBS_MODEL names one,
+        # in the CLI and in the workers alike.
+        model = default_model_from_settings()
+        if model is not None:
+            demo_app.get_agent("support").model = model
         return demo_app
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
 from . import diagnostics, prestep, session
-from .app import AgentApp
+from .app import AgentApp, AgentSpec
 from .errors import ModelError, ToolError
-from .messages import Message, ModelResponse
+from .messages import Message, ModelResponse, ModelSettings
+from .models.base import Model
 from .steps import (
     CallVerdict,
     Done,
@@ -309,16 +311,33 @@ def execute_remote(intent: Intent, env: StepEnv, step: str) -> BaseModel:
     raise TypeError(f"{type(intent).__name__} is not a remote step")
 
 
+def _model_for(agent: AgentSpec, settings: ModelSettings) -> Model:
+    """The agent's adapter, or another provider's when the thread switched to one."""
+    wanted = settings.provider
+    current = agent.model.name.split(":", 1)[0] if ":" in agent.model.name else None
+    if wanted is None or wanted == current or settings.model is None:
+        return agent.model
+    return _resolved(f"{wanted}:{settings.model}")
+
+
+@lru_cache(maxsize=32)
+def _resolved(spec: str) -> Model:
+    from .models.registry import resolve_model
+
+    return resolve_model(spec)
+
+
 def _model_turn(intent: ModelTurn, env: StepEnv) -> BaseModel:
     agent = env.app.get_agent(intent.request.agent)
-    reply: object = agent.model.run_turn(intent.request, env.stream)
+    model = _model_for(agent, intent.request.settings)
+    reply: object = model.run_turn(intent.request, env.stream)
     if isinstance(reply, ModelResponse):
         return reply
     try:  # an adapter may hand back the reply's fields as a mapping
         return ModelResponse.model_validate(reply)
     except ValidationError as exc:
         raise ModelError(
-            f"the model adapter {agent.model.name!r} returned a malformed reply "
+            f"the model adapter {model.name!r} returned a malformed reply "
             f"({type(reply).__name__}): {exc.error_count()} problem(s), first: "
             f"{exc.errors()[0]['msg']}",
             kind="invalid_response",

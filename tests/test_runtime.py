@@ -6,6 +6,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from agent_jobs import session
 from agent_jobs.runners.common import RunRequest, create_run
 from agent_jobs.session import Event, fold_consumed_work, fold_inbox
@@ -289,3 +291,21 @@ def test_fold_consumed_work() -> None:
     work = fold_consumed_work(events)
     assert work.end.run_id == "c" and work.dropped_unrun  # type: ignore[union-attr]
     assert fold_consumed_work([]) == session.ConsumedWork(end=None, dropped_unrun=False)
+
+
+def test_a_switch_to_another_provider_uses_that_providers_adapter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agent_jobs import AgentApp
+    from agent_jobs.executor import _model_for
+    from agent_jobs.messages import ModelSettings
+
+    monkeypatch.setenv("AGENT_JOBS_OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("AGENT_JOBS_ANTHROPIC_API_KEY", "sk-ant-test")
+    app = AgentApp()
+    agent = app.agent("a", model="openai:gpt-4.1-mini")
+    same = _model_for(agent, ModelSettings(provider="openai", model="gpt-4.1"))
+    assert same is agent.model  # the same provider: its adapter sends the other model id
+    other = _model_for(agent, ModelSettings(provider="anthropic", model="claude-haiku-4-5"))
+    assert other.name == "anthropic:claude-haiku-4-5"
+    assert _model_for(agent, ModelSettings()) is agent.model

@@ -534,6 +534,8 @@ class DurableRunner:
     def _run_step(self, row: Any, step: str, token: str, attempt: int, retries: int) -> Completion:
         run_id = row.run_id
         stream = RunStream(self.streams, row.root_run_id, run_id)
+        # Tag the step's frames, so a reader can tell attempts apart even if they overlap.
+        stream.extra = {"step": step, "attempt": attempt}
         if attempt > 1:
             # A reader drops what an earlier, failed attempt of this step streamed.
             stream.emit("status", status="retrying", step=step, attempt=attempt)

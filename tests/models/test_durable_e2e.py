@@ -440,7 +440,13 @@ def assert_retried_behind_the_marker(d: Deployment, run_id: str, adapter: str) -
     ]
     at = next(i for i, f in enumerate(frames) if is_attempt_marker(f))
     assert (frames[at]["step"], frames[at]["attempt"]) == ("model:1", 2)
-    assert frames[at + 1] == {"type": "text_delta", "run_id": run_id, "text": "Order 42 "}
+    assert frames[at + 1] == {
+        "type": "text_delta",
+        "run_id": run_id,
+        "text": "Order 42 ",
+        "step": "model:1",
+        "attempt": 2,
+    }
     # A reader that drops the failed attempt's partial text has exactly the answer.
     assert assemble_text(frames) == run.output
     assert "".join(f.get("text", "") for f in frames) != run.output
