@@ -7,12 +7,15 @@ from celery import Celery
 from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.settings import Settings, get_settings
 
+from . import logs
+
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
 
 
 def create_app(settings: Settings | None = None) -> Celery:
     """Build the worker's Celery app. Opens no connection: that waits for the worker."""
     settings = settings or get_settings()
+    logs.install()
     app = Celery("agent_jobs", broker=settings.broker_url or DEFAULT_BROKER, set_as_current=True)
     hard_limit = settings.step_time_limit
     # JSON only (nothing that crosses the broker can execute code when decoded), one

@@ -6,8 +6,10 @@ import click
 
 from .approvals import approvals, approve, reject
 from .db import db
+from .enqueue import enqueue
 from .inspect import journal, runs, status
 from .run import run
+from .tail import tail
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,7 +18,7 @@ def main() -> None:
     """Durable agent-loop jobs: run agents, follow them, decide on their actions."""
 
 
-for command in (run, status, runs, journal, approve, reject, approvals, db):
+for command in (run, enqueue, tail, status, runs, journal, approve, reject, approvals, db):
     main.add_command(command)
 
 __all__ = ["main"]

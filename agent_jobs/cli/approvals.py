@@ -1,13 +1,18 @@
-"""`agent-jobs approve`, `reject`, `approvals pending`: decisions on action calls."""
+"""`agent-jobs approve`, `reject`, `approvals pending|listen|stats`: decisions on actions."""
 
 from __future__ import annotations
 
-from typing import Literal
+import logging
+import signal
+from typing import Literal, cast
 
 import click
+import redis
 
 from .. import client
-from .common import handle_errors, out, print_json, store
+from ..listener import ApprovalsListener, ListenerSettings
+from ..logs import LogFormat, configure_logging
+from .common import fail, handle_errors, out, print_json, settings, store
 
 
 def _decide(
@@ -69,3 +74,68 @@ def pending(as_json: bool) -> None:
         out.print("nothing is waiting for a decision")
     for c in calls:
         out.print(f"{c['run_id']} {c['call_id']} {c['name']} {c['args']} (actor {c['actor']})")
+
+
+@approvals.command("listen")
+@click.option(
+    "--allow-unsigned",
+    is_flag=True,
+    help="Accept unsigned decisions when AGENT_JOBS_APPROVAL_SECRET is unset (trusted Redis only).",
+)
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="Default: text.")
+@click.option("--log-level", help="Default: INFO.")
+@click.option("--health-file", help="Touched every second while both doors are served.")
+@handle_errors
+def listen(
+    allow_unsigned: bool, log_format: str | None, log_level: str | None, health_file: str | None
+) -> None:
+    """Record decisions posted to the approvals channel and stream, then wake the runs.
+
+    Subscribes to AGENT_JOBS_APPROVALS_CHANNEL (pub/sub, at-most-once) and reads the
+    Redis Stream of the same name through a consumer group (at-least-once). Runs until
+    SIGTERM or Ctrl-C; bad messages are logged and counted, never fatal.
+    """
+    configure_logging(cast(LogFormat | None, log_format), log_level)
+    overrides = ListenerSettings()
+    if health_file:
+        overrides = overrides.model_copy(update={"listener_health_file": health_file})
+    listener = ApprovalsListener.from_settings(
+        settings(), allow_unsigned=allow_unsigned, listener_settings=overrides
+    )
+    if listener.secret is None:
+        logging.getLogger(__name__).warning(
+            "no AGENT_JOBS_APPROVAL_SECRET: unsigned decisions are accepted"
+        )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: listener.stop())
+    listener.serve()
+
+
+@approvals.command("stats")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def stats(as_json: bool) -> None:
+    """The listener's counters by outcome, and what waits in its stream."""
+    config = settings()
+    url = config.effective_redis_url
+    if not url:
+        fail("set AGENT_JOBS_REDIS_URL or AGENT_JOBS_BROKER_URL")
+    channel = config.approvals_channel
+    client = redis.Redis.from_url(url)
+    try:
+        raw: dict[bytes, bytes] = client.hgetall(f"{channel}:counters")  # type: ignore[assignment]
+        counters = {k.decode(): int(v) for k, v in raw.items()}
+        doc = {
+            "channel": channel,
+            "counters": counters,
+            "stream_length": client.xlen(channel),
+            "dead_letters": client.xlen(f"{channel}:dead"),
+        }
+    finally:
+        client.close()
+    if as_json:
+        print_json(doc)
+        return
+    shown = " ".join(f"{k}={v}" for k, v in sorted(counters.items())) or "none yet"
+    out.print(f"channel {channel}: {shown}")
+    out.print(f"waiting in the stream: {doc['stream_length']}  dead letters: {doc['dead_letters']}")

@@ -12,7 +12,10 @@ import click
 from rich.console import Console
 
 from ..app import AgentApp, load_app
+from ..client import Client
+from ..dispatch import CeleryDispatcher, celery_client
 from ..errors import AgentJobsError, DecisionRefusedError, InvalidRequestError, UnknownRunError
+from ..redis_streams import RedisStreams
 from ..settings import Settings, get_settings
 from ..store import Store
 
@@ -73,3 +76,23 @@ def store() -> Store:
 
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+def durable_client() -> Client:
+    """A client that enqueues on the broker; refuses without AGENT_JOBS_BROKER_URL."""
+    config = settings()
+    if not config.broker_url:
+        fail(
+            "this command needs the durable runner: set AGENT_JOBS_BROKER_URL "
+            "(without a broker, `agent-jobs run` runs the agent in this process)"
+        )
+    return Client(store(), app(), config, CeleryDispatcher(celery_client(config.broker_url)))
+
+
+def redis_streams() -> RedisStreams:
+    """The live streams on the configured Redis; refuses when none is configured."""
+    config = settings()
+    url = config.effective_redis_url
+    if not url:
+        fail("the live stream needs Redis: set AGENT_JOBS_REDIS_URL or AGENT_JOBS_BROKER_URL")
+    return RedisStreams.from_url(url, maxlen=config.stream_maxlen, ttl=config.stream_ttl)

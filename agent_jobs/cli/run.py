@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
 import click
 
 from ..runners.inline import InlineRunner
 from ..stream import Frame
-from .common import EXIT_FAILED, app, fail, handle_errors, out, print_json, settings, store
+from .common import (
+    EXIT_FAILED,
+    app,
+    durable_client,
+    err,
+    handle_errors,
+    out,
+    print_json,
+    redis_streams,
+    settings,
+    store,
+)
+from .frames import ask, follow
 from .inspect import run_document
+from .tail import live_frames
 
 DEFAULT_AGENT = "support"
 
@@ -39,83 +51,97 @@ def run(
     approve_all: bool,
     as_json: bool,
 ) -> None:
-    """Start a run of AGENT on TEXT and follow it: tokens, tool calls, approvals, answer."""
+    """Start a run of AGENT on TEXT and follow it: tokens, tool calls, approvals, answer.
+
+    With AGENT_JOBS_BROKER_URL set the run goes to the workers (the durable runner) and
+    this command follows its live stream in Redis; otherwise it runs in this process.
+    """
     config = settings()
+    request = RunArgs(agent, text, actor, approver or actor, thread_id, persona, run_id)
     if config.durable:
-        fail("`run` follows durable runs once the live stream lands; unset AGENT_JOBS_BROKER_URL")
-    runner = InlineRunner(app(), store(), settings=config)
+        code = _run_durable(request, approve_all, as_json)
+    else:
+        code = _run_inline(request, approve_all, as_json)
+    if code:
+        sys.exit(code)
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    agent: str
+    text: str
+    actor: str
+    decider: str
+    thread_id: str | None
+    persona: str | None
+    run_id: str | None
+
+
+def _verdict(approve_all: bool, frame: Frame) -> tuple[Literal["approve", "reject"], str | None]:
+    if approve_all or ask(frame):
+        return "approve", None
+    return "reject", "rejected at the terminal"
+
+
+def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
+    runner = InlineRunner(app(), store(), settings=settings())
     run_id = runner.start(
-        agent, text, actor=actor, thread_id=thread_id, run_id=run_id, persona=persona
+        args.agent,
+        args.text,
+        actor=args.actor,
+        thread_id=args.thread_id,
+        run_id=args.run_id,
+        persona=args.persona,
     )
-    decider = approver or actor
 
     def decide(frame: Frame) -> None:
-        approved = approve_all or _ask(frame)
+        decision, reason = _verdict(approve_all, frame)
         runner.signal(
-            frame["run_id"],
-            frame["call_id"],
-            "approve" if approved else "reject",
-            actor=decider,
-            reason=None if approved else "rejected at the terminal",
+            frame["run_id"], frame["call_id"], decision, actor=args.decider, reason=reason
         )
 
     follow(runner.frames(run_id), decide, quiet=as_json)
     view = runner.wait(run_id)
     if as_json:
         print_json(run_document(runner.store, view))
-    if view.status != "completed":
-        sys.exit(EXIT_FAILED)
+    return 0 if view.status == "completed" else EXIT_FAILED
 
 
-def follow(frames: Iterable[Frame], decide: Callable[[Frame], None], *, quiet: bool) -> None:
-    """Print frames as they arrive and hand approval requests to `decide`."""
-    at_line_start = True
-    for frame in frames:
-        kind = frame["type"]
-        if kind == "approval_request":
-            if not at_line_start:
-                _echo("\n", quiet)
-                at_line_start = True
-            decide(frame)
-            continue
-        if quiet:
-            continue
-        if kind == "text_delta":
-            _echo(frame["text"], quiet)
-            at_line_start = frame["text"].endswith("\n")
-            continue
-        if not at_line_start:
-            _echo("\n", quiet)
-            at_line_start = True
-        if kind == "tool_call":
-            out.print(
-                f"[dim]→ {frame['tool']}({_args(frame['args'])}) {frame['status']}[/dim]",
-                markup=True,
-            )
-        elif kind == "tool_result":
-            shown = frame.get("error") or _args(frame.get("result"))
-            out.print(f"[dim]← {frame['tool']} {frame['status']}: {shown}[/dim]", markup=True)
-        elif kind == "error":
-            out.print(
-                f"[red]run failed ({frame.get('error_type')}): {frame['error']}[/red]", markup=True
-            )
-        elif kind == "done":
-            out.print(f"[green]✓ done[/green] [dim]{frame['run_id']}[/dim]", markup=True)
-
-
-def _ask(frame: Frame) -> bool:
-    out.print(
-        f"[yellow]? {frame['tool']}({_args(frame['args'])}) needs approval[/yellow]", markup=True
+def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
+    """Enqueue, then follow the run's Redis stream and answer approvals at the prompt."""
+    client = durable_client()
+    run_id = client.enqueue_run(
+        args.agent,
+        args.text,
+        actor=args.actor,
+        thread_id=args.thread_id,
+        run_id=args.run_id,
+        persona=args.persona,
     )
-    return click.confirm("approve?", default=False, err=True)
 
+    def decide(frame: Frame) -> None:
+        decision, reason = _verdict(approve_all, frame)
+        recorded = client.decide(
+            frame["run_id"],
+            frame["call_id"],
+            decision,
+            actor=args.decider,
+            reason=reason,
+            args_sha256=frame.get("args_sha256"),
+        )
+        if not recorded and not as_json:
+            out.print(f"[dim]{frame['call_id']} was already decided elsewhere[/dim]", markup=True)
 
-def _echo(text: str, quiet: bool) -> None:
-    if not quiet:
-        click.echo(text, nl=False)
-        sys.stdout.flush()
-
-
-def _args(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
-    return text if len(text) <= 120 else text[:117] + "..."
+    streams = redis_streams()
+    try:
+        frames = (frame for _, frame in live_frames(streams, client.store, run_id))
+        follow(frames, decide, quiet=as_json)
+    except KeyboardInterrupt:
+        err.print(f"\nstopped following; the run goes on: agent-jobs tail {run_id}")
+        return 130
+    finally:
+        streams.client.close()
+    view = client.wait(run_id, timeout=10)
+    if as_json:
+        print_json(run_document(client.store, view))
+    return 0 if view.status == "completed" else EXIT_FAILED

@@ -1,0 +1,64 @@
+"""`agent-jobs enqueue`: hand a run to the workers and print its id."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .common import durable_client, fail, handle_errors, print_json
+
+DEFAULT_AGENT = "support"
+
+
+def _metadata(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        fail(f"--metadata must be a JSON object: {exc}")
+    if not isinstance(value, dict):
+        fail(f"--metadata must be a JSON object, not a JSON {type(value).__name__}")
+    return value
+
+
+@click.command()
+@click.argument("text")
+@click.option("--agent", default=DEFAULT_AGENT, show_default=True, help="The agent to run.")
+@click.option("--actor", default="cli", show_default=True, help="Who asks (roles, quota).")
+@click.option("--thread", "thread_id", help="Continue this thread.")
+@click.option("--persona", help="Run under this persona.")
+@click.option("--run-id", help="Idempotency key: the same id twice starts one run.")
+@click.option("--metadata", help="A JSON object kept with the run, e.g. '{\"ticket\": 7}'.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"run_id", "status"}.')
+@handle_errors
+def enqueue(
+    text: str,
+    agent: str,
+    actor: str,
+    thread_id: str | None,
+    persona: str | None,
+    run_id: str | None,
+    metadata: str | None,
+    as_json: bool,
+) -> None:
+    """Start a durable run of AGENT on TEXT and print its id (needs AGENT_JOBS_BROKER_URL).
+
+    Follow it with `agent-jobs tail RUN_ID`; the same --run-id twice starts one run.
+    """
+    client = durable_client()
+    run_id = client.enqueue_run(
+        agent,
+        text,
+        actor=actor,
+        thread_id=thread_id,
+        run_id=run_id,
+        persona=persona,
+        metadata=_metadata(metadata),
+    )
+    if as_json:
+        print_json({"run_id": run_id, "status": client.get_run(run_id).status})
+    else:
+        click.echo(run_id)

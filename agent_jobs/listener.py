@@ -1,0 +1,377 @@
+"""The approvals listener: decisions from the Redis channel and stream, verified and recorded.
+
+Two doors, one handler. Pub/sub (`PUBLISH <channel>`) is at-most-once by Redis's
+design: a message sent while no listener is subscribed is gone, and the call stays
+pending (`agent-jobs approvals pending`) until someone decides again. The Redis Stream
+of the same name (`XADD <channel> * message <json>`) is at-least-once: it is read
+through a consumer group, an entry is acknowledged (and deleted) only once its decision
+is recorded or it is definitively refused, entries a dead listener left pending are
+reclaimed with XAUTOCLAIM, and an entry delivered more than a bounded number of times
+is moved to `<channel>:dead`. Every outcome is logged with its reason and counted
+(in memory and in the Redis hash `<channel>:counters`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .approval_messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
+from .approvals import answers_step, approval_step
+from .approvals_stream import ApprovalsStream, Entry
+from .client import Client
+from .errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
+from .logs import log_context
+from .settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+class ListenerSettings(BaseSettings):
+    """The listener's knobs, `AGENT_JOBS_LISTENER_*`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_JOBS_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    listener_group: str = "agent_jobs"
+    listener_consumer: str | None = None  # default: host name and process id
+    listener_max_deliveries: int = Field(default=5, ge=1)
+    listener_claim_idle: float = Field(default=30.0, gt=0)
+    listener_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024)
+    listener_health_file: str | None = None
+    listener_stats_interval: float = Field(default=60.0, gt=0)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one message: `reason` is `recorded` or why nothing changed."""
+
+    reason: str
+    detail: str
+    run_id: str | None = None
+    call_id: str | None = None
+    request_id: str | None = None
+
+    @property
+    def recorded(self) -> bool:
+        return self.reason == "recorded"
+
+
+class Counters:
+    """Outcomes by reason, in this process and in a Redis hash operators can read."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.client = client
+        self.key = key
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, reason: str) -> None:
+        with self._lock:
+            self._counts[reason] += 1
+        try:
+            self.client.hincrby(self.key, reason, 1)
+        except redis.RedisError as exc:
+            log.warning("could not count %s in %s: %s", reason, self.key, exc)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class ApprovalsListener:
+    """Subscribes to the channel and consumes the stream until `stop()`."""
+
+    def __init__(
+        self,
+        client: Client,
+        redis_client: redis.Redis,
+        *,
+        channel: str,
+        secret: str | None,
+        settings: ListenerSettings | None = None,
+    ) -> None:
+        self.client = client
+        self.redis = redis_client
+        self.channel = channel
+        self.secret = secret
+        self.settings = settings or ListenerSettings()
+        consumer = self.settings.listener_consumer or f"{socket.gethostname()}-{os.getpid()}"
+        self.stream = ApprovalsStream(
+            redis_client, channel, group=self.settings.listener_group, consumer=consumer
+        )
+        self.counters = Counters(redis_client, f"{channel}:counters")
+        self.subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._decide_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings | None = None,
+        *,
+        allow_unsigned: bool = False,
+        listener_settings: ListenerSettings | None = None,
+    ) -> ApprovalsListener:
+        settings = settings or get_settings()
+        url = settings.effective_redis_url
+        if not url:
+            raise ConfigurationError(
+                "the approvals listener needs Redis: set AGENT_JOBS_REDIS_URL "
+                "or AGENT_JOBS_BROKER_URL"
+            )
+        secret = settings.approval_secret.get_secret_value() if settings.approval_secret else None
+        if not secret and not allow_unsigned:
+            raise ConfigurationError(
+                "AGENT_JOBS_APPROVAL_SECRET is not set, so anyone who can reach Redis could "
+                "approve actions: set it, or pass --allow-unsigned where Redis is trusted"
+            )
+        return cls(
+            Client.from_settings(settings),
+            redis.Redis.from_url(url, health_check_interval=30),
+            channel=settings.approvals_channel,
+            secret=secret or None,
+            settings=listener_settings,
+        )
+
+    # --- one message -------------------------------------------------------------------
+
+    def handle(self, raw: bytes | str, *, source: str, entry_id: str | None = None) -> Outcome:
+        """Verify and record one message. Raises only on a transient failure (the
+        database or the broker unreachable), when the message may be tried again."""
+        try:
+            message = parse_message(
+                raw, secret=self.secret, max_bytes=self.settings.listener_max_bytes
+            )
+        except Refused as exc:
+            return self._settled(Outcome(exc.reason, exc.detail), source, entry_id)
+        if isinstance(message, AnswersMessage):
+            return self._settled(self._answer(message), source, entry_id)
+        ids = {"run_id": message.run_id, "call_id": message.call_id}
+        try:
+            with self._decide_lock, log_context(**ids):
+                recorded = self.client.decide(
+                    message.run_id,
+                    message.call_id,
+                    message.decision,
+                    actor=message.actor,
+                    reason=message.reason,
+                    args_sha256=message.args_sha256,
+                )
+        except UnknownRunError as exc:
+            outcome = Outcome("unknown_run", str(exc), **ids)
+        except UnknownCallError as exc:
+            outcome = Outcome("unknown_call", str(exc), **ids)
+        except DecisionRefusedError as exc:
+            outcome = Outcome("refused", str(exc), **ids)
+        else:
+            if recorded:
+                detail = f"{message.decision} by {message.actor}; the run is woken"
+                outcome = Outcome("recorded", detail, **ids)
+            else:
+                outcome = Outcome("already_decided", "another decision came first", **ids)
+        return self._settled(outcome, source, entry_id)
+
+    def _answer(self, message: AnswersMessage) -> Outcome:
+        """Record answers to a tool's questions (the first answers win), then wake the run."""
+        run_id, request_id = message.run_id, message.request_id
+        try:
+            with self._decide_lock, log_context(run_id=run_id, request_id=request_id):
+                recorded = self.client.answer(
+                    run_id, request_id, message.answers, actor=message.actor
+                )
+        except UnknownRunError as exc:
+            return Outcome("unknown_run", str(exc), run_id, request_id=request_id)
+        except DecisionRefusedError as exc:
+            return Outcome("refused", str(exc), run_id, request_id=request_id)
+        if recorded:
+            detail = f"answers by {message.actor}; the run is woken"
+            return Outcome("recorded", detail, run_id, request_id=request_id)
+        return Outcome("already_decided", "other answers came first", run_id, request_id=request_id)
+
+    def _settled(self, outcome: Outcome, source: str, entry_id: str | None) -> Outcome:
+        self.counters.add(outcome.reason)
+        level = logging.INFO if outcome.recorded else logging.WARNING
+        where = f"{source} {entry_id}" if entry_id else source
+        about = f" run {outcome.run_id}" if outcome.run_id else ""
+        about += f" call {outcome.call_id}" if outcome.call_id else ""
+        about += f" question {outcome.request_id}" if outcome.request_id else ""
+        log.log(
+            level,
+            "%s: %s%s (%s)",
+            where,
+            outcome.reason,
+            about,
+            outcome.detail,
+            extra={
+                "outcome": outcome.reason,
+                "source": source,
+                "entry_id": entry_id,
+                "run_id": outcome.run_id,
+                "call_id": outcome.call_id,
+                "request_id": outcome.request_id,
+                "step": _step(outcome),
+            },
+        )
+        return outcome
+
+    # --- serving -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve(self) -> None:
+        """Listen until `stop()`; bad input and lost connections never end this."""
+        try:
+            self.stream.ensure_group()
+        except redis.RedisError as exc:
+            log.warning("cannot create the consumer group yet (%s); will retry", exc)
+        subscriber = threading.Thread(target=self._pubsub_loop, name="approvals-pubsub")
+        subscriber.start()
+        try:
+            if not self.subscribed.wait(10):
+                log.warning("not subscribed to %s yet; still trying", self.channel)
+            log.info(
+                "listening on channel %s and stream %s (group %s, consumer %s)",
+                self.channel,
+                self.channel,
+                self.stream.group,
+                self.stream.consumer,
+            )
+            self._stream_loop(subscriber)
+        finally:
+            self._stop.set()
+            subscriber.join(timeout=5)
+            self.log_counters("stopped")
+
+    def log_counters(self, when: str) -> None:
+        counts = self.counters.snapshot()
+        shown = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "nothing yet"
+        log.info("counters (%s): %s", when, shown, extra={"counters": counts})
+
+    def _stream_loop(self, subscriber: threading.Thread) -> None:
+        settings = self.settings
+        block_ms = max(50, min(1000, int(settings.listener_claim_idle * 500)))
+        next_claim = 0.0
+        next_stats = time.monotonic() + settings.listener_stats_interval
+        backoff = 0.5
+        group_ready = False  # cheap to confirm; it may have failed before
+        while not self._stop.is_set():
+            self._beat(subscriber)
+            now = time.monotonic()
+            try:
+                if not group_ready:
+                    self.stream.ensure_group()
+                    group_ready = True
+                if now >= next_claim:
+                    for entry in self.stream.reclaim(settings.listener_claim_idle):
+                        self._reclaimed(entry)
+                    next_claim = now + settings.listener_claim_idle / 2
+                if now >= next_stats:
+                    self.log_counters("so far")
+                    next_stats = now + settings.listener_stats_interval
+                for entry in self.stream.read(block_ms):
+                    self._consume(entry)
+                backoff = 0.5
+            except redis.RedisError as exc:
+                group_ready = False
+                if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
+                    log.warning("the stream or its group vanished (Redis flushed?); recreating")
+                    continue
+                # Whatever was being settled stays pending and is reclaimed later.
+                log.warning("Redis failed (%s); retrying in %.1fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _reclaimed(self, entry: Entry) -> None:
+        if entry.deliveries <= self.settings.listener_max_deliveries:
+            log.info("stream %s: reclaimed (delivery %d)", entry.id, entry.deliveries)
+            self._consume(entry)
+            return
+        self.stream.move_aside(entry, "delivered too often without being settled")
+        self.counters.add("dead_lettered")
+        log.warning(
+            "stream %s: delivered %d times without being settled; moved to %s",
+            entry.id,
+            entry.deliveries,
+            self.stream.dead_letter,
+            extra={"outcome": "dead_lettered", "source": "stream", "entry_id": entry.id},
+        )
+
+    def _consume(self, entry: Entry) -> None:
+        try:
+            if entry.message is None:
+                self._settled(
+                    Outcome("invalid_message", "a stream entry needs a `message` field"),
+                    "stream",
+                    entry.id,
+                )
+            else:
+                self.handle(entry.message, source="stream", entry_id=entry.id)
+        except Exception:
+            # Not acknowledged: it stays pending, is reclaimed after the idle time, and
+            # is moved aside once it has been delivered too often.
+            self.counters.add("error")
+            log.exception("stream %s: could not settle it; it will be tried again", entry.id)
+            self._stop.wait(0.5)
+            return
+        self.stream.ack(entry.id)
+
+    def _pubsub_loop(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(self.channel)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        self.subscribed.set()
+                        backoff = 0.5
+                    elif message["type"] == "message":
+                        self._deliver(message["data"])
+            except redis.RedisError as exc:
+                self.subscribed.clear()
+                log.warning("pub/sub connection lost (%s); resubscribing in %.1fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            finally:
+                pubsub.close()
+
+    def _deliver(self, raw: bytes) -> None:
+        try:
+            self.handle(raw, source="pubsub")
+        except Exception:
+            # At-most-once: the decision is dropped; the call stays pending and visible.
+            self.counters.add("error")
+            log.exception("pubsub: could not record a decision; it can be posted again")
+
+    def _beat(self, subscriber: threading.Thread) -> None:
+        path = self.settings.listener_health_file
+        if path and subscriber.is_alive() and self.subscribed.is_set():
+            try:
+                Path(path).touch()
+            except OSError as exc:
+                log.warning("could not touch the health file %s: %s", path, exc)
+
+
+def _step(outcome: Outcome) -> str | None:
+    """The journal step a decision or answers complete."""
+    if outcome.call_id:
+        return approval_step(outcome.call_id)
+    if outcome.request_id:
+        return answers_step(outcome.request_id)
+    return None
