@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
@@ -16,6 +17,7 @@ from .retry import RequestErrorMiddleware
 from .tools import Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 PreStepListenerT = TypeVar("PreStepListenerT", bound=PreStepListener)
 RequestErrorMiddlewareT = TypeVar("RequestErrorMiddlewareT", bound=RequestErrorMiddleware)
 
@@ -287,8 +289,13 @@ def load_app(path: str | None) -> AgentApp:
         from .models.registry import default_model_from_settings
 
         # The demo's support agent runs on a real model when AGENT_JOBS_MODEL names one,
-        # in the CLI and in the workers alike.
-        model = default_model_from_settings()
+        # in the CLI and in the workers alike. A process without the provider's key (the
+        # approvals listener, say) keeps the scripted demo, and says so.
+        try:
+            model = default_model_from_settings()
+        except ConfigurationError as exc:
+            log.warning("AGENT_JOBS_MODEL is not usable here (%s); the demo stays scripted", exc)
+            model = None
         if model is not None:
             demo_app.get_agent("support").model = model
         return demo_app

@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     # The Celery queue of this deployment: several deployments can share one Redis.
     queue: str = "agent_jobs"
+    # Workers also read the queue a Celery client with default settings sends to, so
+    # `send_task("agent_jobs.start_run", kwargs=...)` from any service just works.
+    # Empty: read only `queue`.
+    external_queue: str = "celery"
     redis_url: str | None = None
     app: str | None = None
     approvals_channel: str = "agent_jobs:approvals"

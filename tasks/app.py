@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.settings import Settings, get_settings
@@ -19,8 +20,14 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = Celery("agent_jobs", broker=settings.broker_url or DEFAULT_BROKER, set_as_current=True)
     hard_limit = settings.step_time_limit
     # JSON only (nothing that crosses the broker can execute code when decoded), one
-    # queue on the anonymous exchange.
-    app.conf.update(routing_config())
+    # queue on the anonymous exchange; and the queue plain Celery clients send to.
+    app.conf.update(routing_config(settings.queue))
+    if settings.external_queue and settings.external_queue != settings.queue:
+        external = settings.external_queue
+        app.conf.task_queues = [
+            *app.conf.task_queues,
+            Queue(external, Exchange(external, type="direct"), routing_key=external),
+        ]
     app.conf.update(
         # The journal is the truth: no result backend, no result on the hot path.
         result_backend=None,

@@ -19,8 +19,10 @@ TRANSIENT = (OperationalError, InterfaceError)
 
 
 @shared_task(name=START_RUN, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
-def start_run(self: Task[Any, str], /, **kwargs: Any) -> str:
+def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     """Start a run from another service's kwargs (CONTRACT §3); its id defaults to ours."""
+    if args:
+        return "refused: agent_jobs.start_run takes keyword arguments only (CONTRACT §3)"
     runner = runtime(self.app).runner
     try:
         request = RunRequest.parse(kwargs)

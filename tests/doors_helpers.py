@@ -149,8 +149,8 @@ def plain_celery_send(broker: str, sends: list[dict[str, Any]]) -> list[str]:
     return ids
 
 
-def worker_args(name: str, concurrency: int, queues: str) -> list[str]:
-    return [
+def worker_args(name: str, concurrency: int, queues: str | None) -> list[str]:
+    args = [
         sys.executable,
         "-m",
         "celery",
@@ -164,8 +164,8 @@ def worker_args(name: str, concurrency: int, queues: str) -> list[str]:
         "--without-mingle",
         "--without-heartbeat",
         f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
-        f"--queues={queues}",
     ]
+    return [*args, f"--queues={queues}"] if queues else args
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 20, every: float = 0.02) -> Any:
@@ -204,7 +204,7 @@ class Doors:
     def reset(self) -> None:
         truncate_all(self.store)
 
-    def worker(self, concurrency: int = 2, queues: str = "agent_jobs") -> Process:
+    def worker(self, concurrency: int = 2, queues: str | None = "agent_jobs") -> Process:
         proc = Process(worker_args("doors", concurrency, queues), self.env, "worker")
         self.procs.append(proc.start(ready="ready."))
         return proc

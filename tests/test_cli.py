@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,105 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.communicate()
+
+
+APP_MODULE = """
+from agent_jobs import AgentApp, ScriptedModel
+
+app = AgentApp(roles={'cli': ['lead']})
+
+@app.tool(kind='action', approvers=['lead'])
+def ship(box: str) -> str:
+    return 'shipped ' + box
+
+@app.tool(kind='read')
+def schedule(what: str, ctx) -> str:
+    if ctx.answers is None:
+        ctx.ask(['Which day suits you?'])
+    return what + ' on ' + ctx.answers['q1']
+
+app.agent('a', model=ScriptedModel([
+    {'tool_calls': [{'name': 'ship', 'args': {'box': 'b1'}}]},
+    {'text': 'all done'}]), tools=['ship'])
+app.agent('planner', model=ScriptedModel([
+    {'tool_calls': [{'name': 'schedule', 'args': {'what': 'a call'}}]},
+    {'text': 'planned'}]), tools=['schedule'])
+"""
+
+
+def _app_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "cliapp.py").write_text(APP_MODULE)
+    return {"AGENT_JOBS_APP": "cliapp:app", "PYTHONPATH": str(tmp_path)}
+
+
+def test_run_answers_a_tools_questions_at_the_prompt(tmp_path: Path) -> None:
+    env = _app_env(tmp_path)
+    done = agent_jobs("run", "plan", "--agent", "planner", cwd=tmp_path, input="Friday\n", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Which day suits you?" in done.stderr
+    assert "planned" in done.stdout
+    [run] = json.loads(agent_jobs("runs", "--json", cwd=tmp_path, env=env).stdout)
+    log = agent_jobs("events", run["run_id"], cwd=tmp_path, env=env)
+    assert "turn/start" in log.stdout and "turn/end" in log.stdout
+    assert "agent idle; inbox: 0 for the next step, 0 for the next turn" in log.stdout
+
+
+def _start_waiting(tmp_path: Path, env: dict[str, str], agent: str, run_id: str) -> Any:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    proc = subprocess.Popen(
+        [*CLI, "run", "go", "--agent", agent, "--run-id", run_id],
+        cwd=tmp_path,
+        env=environment,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc
+
+
+def _status(tmp_path: Path, env: dict[str, str], run_id: str) -> dict[str, Any]:
+    done = agent_jobs("status", run_id, "--json", cwd=tmp_path, env=env)
+    return json.loads(done.stdout) if done.returncode == 0 else {"status": None}
+
+
+def _until(tmp_path: Path, env: dict[str, str], run_id: str, status: str) -> dict[str, Any]:
+    for _ in range(150):
+        doc = _status(tmp_path, env, run_id)
+        if doc["status"] == status:
+            return doc
+    pytest.fail(f"{run_id} never reached {status}")
+
+
+def test_answer_cancel_and_say_from_another_process(tmp_path: Path) -> None:
+    env = _app_env(tmp_path)
+    asking = _start_waiting(tmp_path, env, "planner", "q1run")
+    waiting = _start_waiting(tmp_path, env, "a", "c1run")
+    try:
+        doc = _until(tmp_path, env, "q1run", "awaiting_answers")
+        request_id = doc["waiting_on"].split()[-1]
+        answered = agent_jobs(
+            "answer", "q1run", request_id, '{"q1": "Monday"}', cwd=tmp_path, env=env
+        )
+        assert answered.returncode == 0 and "answered" in answered.stdout, answered.stderr
+        assert _until(tmp_path, env, "q1run", "completed")["output"] == "planned"
+
+        _until(tmp_path, env, "c1run", "awaiting_approval")
+        said = agent_jobs(
+            "say", "c1run", "after this, ship b2", "--target", "next-turn", cwd=tmp_path, env=env
+        )
+        assert "queued for the next turn" in said.stdout, said.stderr
+        cancelled = agent_jobs("cancel", "c1run", "--keep-inbox", cwd=tmp_path, env=env)
+        assert "cancelling c1run (user)" in cancelled.stdout, cancelled.stderr
+        assert _until(tmp_path, env, "c1run", "cancelled")["error"] == "cancelled (user)"
+        log = agent_jobs("events", "c1run", cwd=tmp_path, env=env).stdout
+        assert "turn/stopping" in log and '"reason": "aborted"' in log
+        assert "inbox: 0 for the next step, 1 for the next turn" in log
+        again = agent_jobs("cancel", "c1run", cwd=tmp_path, env=env)
+        assert "already ended" in again.stdout
+        bad = agent_jobs("answer", "q1run", request_id, "not json", cwd=tmp_path, env=env)
+        assert bad.returncode == 2 and "not JSON" in bad.stderr
+    finally:
+        for proc in (asking, waiting):
+            proc.kill()
+            proc.communicate()

@@ -19,9 +19,9 @@ W1 = {"agent": "w1", "input": "go", "actor": "user-7"}
 @pytest.fixture(scope="module")
 def doors(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
     with open_doors(pg_url, redis_url, ENQUEUE_BROKER_DB, tmp_path_factory.mktemp("enq")) as d:
-        # One process, so messages are handled in the order they were sent. The default
-        # queue too: a client with Celery's defaults sends there (see the README).
-        d.worker(concurrency=1, queues="agent_jobs,celery")
+        # One process, so messages are handled in the order they were sent. No --queues:
+        # a worker reads the default `celery` queue too, where a plain client sends.
+        d.worker(concurrency=1, queues=None)
         yield d
 
 
@@ -95,8 +95,7 @@ def test_bad_kwargs_are_refused_and_recorded_nowhere(doors: Doors) -> None:
     assert worker_log.count("refused: invalid run request") >= 5
     assert "refused: unknown agent" in worker_log
     assert "refused: unknown persona" in worker_log
-    # Positional arguments never reach validation: Celery fails the task, visibly.
-    assert "start_run() takes 1 positional argument" in worker_log
+    assert "refused: agent_jobs.start_run takes keyword arguments only" in worker_log
 
 
 def test_agent_jobs_enqueue(doors: Doors) -> None:

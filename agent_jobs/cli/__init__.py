@@ -9,6 +9,7 @@ from .db import db
 from .enqueue import enqueue
 from .inspect import journal, runs, status
 from .run import run
+from .session import answer, cancel, events, say
 from .tail import tail
 
 
@@ -18,7 +19,22 @@ def main() -> None:
     """Durable agent-loop jobs: run agents, follow them, decide on their actions."""
 
 
-for command in (run, enqueue, tail, status, runs, journal, approve, reject, approvals, db):
+for command in (
+    run,
+    enqueue,
+    tail,
+    status,
+    runs,
+    journal,
+    events,
+    say,
+    cancel,
+    approve,
+    reject,
+    answer,
+    approvals,
+    db,
+):
     main.add_command(command)
 
 __all__ = ["main"]

@@ -14,16 +14,26 @@ from ..stream import Frame
 from .common import out
 
 
-def follow(frames: Iterable[Frame], decide: Callable[[Frame], None], *, quiet: bool) -> None:
-    """Print frames as they arrive and hand approval requests to `decide`."""
+def follow(
+    frames: Iterable[Frame],
+    decide: Callable[[Frame], None],
+    *,
+    quiet: bool,
+    answer: Callable[[Frame], None] | None = None,
+) -> None:
+    """Print frames as they arrive; hand approval requests to `decide` and questions to
+    `answer`."""
     at_line_start = True
     for frame in frames:
         kind = frame["type"]
-        if kind == "approval_request":
+        if kind == "approval_request" or (kind == "question" and answer is not None):
             if not at_line_start:
                 _echo("\n", quiet)
                 at_line_start = True
-            decide(frame)
+            if kind == "question" and answer is not None:
+                answer(frame)
+            else:
+                decide(frame)
             continue
         if quiet:
             continue
@@ -68,6 +78,15 @@ def ask(frame: Frame) -> bool:
         f"[yellow]? {frame['tool']}({_args(frame['args'])}) needs approval[/yellow]", markup=True
     )
     return click.confirm("approve?", default=False, err=True)
+
+
+def ask_answers(frame: Frame) -> dict[str, Any]:
+    """Ask each of a tool's questions on the terminal; the answers by question id."""
+    out.print(f"[yellow]? {frame.get('tool')} has questions[/yellow]", markup=True)
+    return {
+        str(q.get("id")): click.prompt(str(q.get("question", q)), err=True)
+        for q in frame.get("questions") or []
+    }
 
 
 def _echo(text: str, quiet: bool) -> None:

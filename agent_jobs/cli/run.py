@@ -1,4 +1,5 @@
-"""`agent-jobs run`: start a run and follow it to the end, answering approvals here."""
+"""`agent-jobs run`: start a run and follow it to the end, answering approvals and
+questions here."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .common import (
     settings,
     store,
 )
-from .frames import ask, follow
+from .frames import ask, ask_answers, follow
 from .inspect import run_document
 from .tail import live_frames
 
@@ -100,7 +101,10 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
             frame["run_id"], frame["call_id"], decision, actor=args.decider, reason=reason
         )
 
-    follow(runner.frames(run_id), decide, quiet=as_json)
+    def answer(frame: Frame) -> None:
+        runner.answer(frame["run_id"], frame["request_id"], ask_answers(frame), actor=args.actor)
+
+    follow(runner.frames(run_id), decide, quiet=as_json, answer=answer)
     view = runner.wait(run_id)
     if as_json:
         print_json(run_document(runner.store, view))
@@ -132,10 +136,13 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         if not recorded and not as_json:
             out.print(f"[dim]{frame['call_id']} was already decided elsewhere[/dim]", markup=True)
 
+    def answer(frame: Frame) -> None:
+        client.answer(frame["run_id"], frame["request_id"], ask_answers(frame), actor=args.actor)
+
     streams = redis_streams()
     try:
         frames = (frame for _, frame in live_frames(streams, client.store, run_id))
-        follow(frames, decide, quiet=as_json)
+        follow(frames, decide, quiet=as_json, answer=answer)
     except KeyboardInterrupt:
         err.print(f"\nstopped following; the run goes on: agent-jobs tail {run_id}")
         return 130

@@ -1,0 +1,94 @@
+"""`agent-jobs events`, `say`, `cancel`, `answer`: the session runtime from the terminal."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..client import Client
+from ..session import CANCEL_CAUSES, TARGETS, fold_inbox, fold_status
+from .common import handle_errors, out, print_json, settings, store
+
+
+def _client() -> Client:
+    """A client for reading and posting; it wakes durable runs when a broker is set."""
+    from .common import app
+
+    config = settings()
+    if config.broker_url:
+        return Client.from_settings(config)
+    return Client(store(), app(), config)
+
+
+@click.command()
+@click.argument("run_or_thread")
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
+@handle_errors
+def events(run_or_thread: str, as_json: bool) -> None:
+    """Print a thread's session log (give a run id or a thread id)."""
+    log = _client().events(run_or_thread)
+    if as_json:
+        print_json([e.model_dump(mode="json") for e in log])
+        return
+    for e in log:
+        stamp = e.created_at.strftime("%H:%M:%S.%f")[:-3]
+        run = (e.run_id or "-")[:12]
+        data = json.dumps(e.data, ensure_ascii=False, separators=(", ", ": "))
+        out.print(f"{e.seq:>5} {stamp} {run:<12} {e.type:<20} {data}")
+    inbox = fold_inbox(log)
+    out.print(
+        f"agent {fold_status(log)}; inbox: {len(inbox.next_step)} for the next step, "
+        f"{len(inbox.next_turn)} for the next turn"
+    )
+
+
+@click.command()
+@click.argument("run_or_thread")
+@click.argument("text")
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    default="next-step",
+    show_default=True,
+    help="next-step steers the running turn; next-turn becomes the next request.",
+)
+@handle_errors
+def say(run_or_thread: str, text: str, target: str) -> None:
+    """Post a message to a thread's inbox."""
+    thread_id = _client().post_message(run_or_thread, text, target=target)
+    out.print(f"queued for the {target.replace('-', ' ')} of thread {thread_id}")
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--cause", type=click.Choice(CANCEL_CAUSES), default="user", show_default=True)
+@click.option("--keep-inbox", is_flag=True, help="Keep queued messages for a later turn.")
+@handle_errors
+def cancel(run_id: str, cause: str, keep_inbox: bool) -> None:
+    """Cancel a run (and its children); it stops at its next boundary."""
+    stopped = _client().cancel(run_id, cause, keep_inbox=keep_inbox)
+    if stopped:
+        out.print(f"cancelling {', '.join(stopped)} ({cause})")
+    else:
+        out.print(f"run {run_id} has already ended; nothing to cancel")
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("request_id")
+@click.argument("answers")
+@click.option("--actor", default="cli", show_default=True, help="Who answers.")
+@handle_errors
+def answer(run_id: str, request_id: str, answers: str, actor: str) -> None:
+    """Answer a tool's questions: ANSWERS is a JSON object, e.g. '{"q1": "Friday"}'."""
+    try:
+        parsed = json.loads(answers)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="ANSWERS") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="ANSWERS")
+    if _client().answer(run_id, request_id, parsed, actor=actor):
+        out.print(f"answered {request_id} of run {run_id}")
+    else:
+        out.print(f"{request_id} of run {run_id} was already answered; nothing changed")
