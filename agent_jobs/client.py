@@ -16,7 +16,8 @@ from .approvals import record_answers, record_decision
 from .dispatch import CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision
-from .runners.common import RunRequest, check_request, create_run, new_id, start_next_turn
+from .runners.common import RunRequest, admit_run
+from .runners.common import post_message as post_to_inbox
 from .settings import Settings, get_settings
 from .store import RunView, Store
 
@@ -72,23 +73,18 @@ class Client:
         once; if the send is lost, the sweep starts the queued run anyway.
         """
         dispatcher = self._broker()
-        request = RunRequest.parse(
-            {
-                "agent": agent,
-                "input": input,
-                "actor": actor,
-                "thread_id": thread_id,
-                "run_id": run_id,
-                "persona": persona,
-                "metadata": metadata or {},
-            }
+        request = RunRequest.of(
+            agent,
+            input,
+            actor=actor,
+            thread_id=thread_id,
+            run_id=run_id,
+            persona=persona,
+            metadata=metadata,
         )
-        check_request(self.app, request)
-        run_id = request.run_id or new_id()
-        with self.store.begin() as conn:
-            created = create_run(
-                conn, request, run_id=run_id, runner="durable", status="queued", app=self.app
-            )
+        run_id, created = admit_run(
+            self.store, self.app, request, runner="durable", status="queued"
+        )
         if created:
             # The row is written, so a re-drive is all a worker needs: no start_run.
             dispatcher.coordinate(run_id)
@@ -162,14 +158,10 @@ class Client:
         becomes the next request when the turn ends, or starts a turn at once on an idle
         thread (durable threads: this process enqueues it).
         """
-        next_run: str | None = None
         with self.store.begin() as conn:
-            thread_id, _ = session.resolve_thread(conn, run_or_thread)
-            active = session.active_run(conn, thread_id)
-            session.push(conn, thread_id, active.id if active else None, target, text)
-            last = session.last_run(conn, thread_id) if active is None else None
-            if target == "next-turn" and last is not None and last.runner == "durable":
-                next_run = start_next_turn(conn, self.app, RunView.from_row(last), runner="durable")
+            thread_id, next_run = post_to_inbox(
+                conn, self.app, run_or_thread, text, target=target, runner="durable"
+            )
         if next_run is not None:
             self._broker().coordinate(next_run)
         return thread_id

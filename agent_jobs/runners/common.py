@@ -18,7 +18,7 @@ from ..executor import StepEnv
 from ..hooks import Delegation, DelegationOutcome
 from ..loop import LoopDeps, TurnInput
 from ..settings import Settings
-from ..store import RunView, threads
+from ..store import RunView, Store, threads
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
@@ -54,6 +54,12 @@ class RunRequest(BaseModel):
         return {} if value is None else value
 
     @classmethod
+    def of(cls, agent: str, input: str, **fields: Any) -> RunRequest:
+        """A request from keyword arguments (None values mean the defaults)."""
+        given = {k: v for k, v in fields.items() if v is not None}
+        return cls.parse({"agent": agent, "input": input, **given})
+
+    @classmethod
     def parse(cls, data: dict[str, Any]) -> RunRequest:
         """Validate `data`; a bad request is an `InvalidRequestError` naming each fault."""
         try:
@@ -64,6 +70,39 @@ class RunRequest(BaseModel):
                 for err in exc.errors()
             )
             raise InvalidRequestError(f"invalid run request: {faults}") from None
+
+
+def admit_run(
+    store: Store, app: AgentApp, request: RunRequest, *, runner: str, status: run_rows.RunStatus
+) -> tuple[str, bool]:
+    """Check a request against the app and write its run row: (run id, created).
+
+    Nothing is written for a request naming an agent or persona the app lacks.
+    """
+    check_request(app, request)
+    run_id = request.run_id or new_id()
+    with store.begin() as conn:
+        created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
+    return run_id, created
+
+
+def post_message(
+    conn: Connection, app: AgentApp, run_or_thread: str, text: str, *, target: str, runner: str
+) -> tuple[str, str | None]:
+    """Queue a message on a thread's inbox: (thread id, the run it started, if any).
+
+    A `next-turn` message to an idle thread whose last run belongs to `runner` starts
+    that thread's next turn at once.
+    """
+    thread_id, _ = session.resolve_thread(conn, run_or_thread)
+    active = session.active_run(conn, thread_id)
+    session.push(conn, thread_id, active.id if active else None, target, text)
+    if target != "next-turn" or active is not None:
+        return thread_id, None
+    last = session.last_run(conn, thread_id)
+    if last is None or last.runner != runner:
+        return thread_id, None
+    return thread_id, start_next_turn(conn, app, RunView.from_row(last), runner=runner)
 
 
 def check_request(app: AgentApp, request: RunRequest) -> None:

@@ -56,7 +56,7 @@ from ..stream import Frame, MemoryStreams, RunStream
 from .common import (
     Ending,
     RunRequest,
-    check_request,
+    admit_run,
     child_request,
     child_run_id,
     create_run,
@@ -65,8 +65,7 @@ from .common import (
     delegation_started,
     delegation_step,
     finish_turn,
-    new_id,
-    start_next_turn,
+    post_message,
     start_turn,
     turn_for,
     waiting_label,
@@ -395,23 +394,18 @@ class InlineRunner:
         metadata: dict[str, Any] | None = None,
     ) -> str:
         """Create the run and drive it in the background; returns its id at once."""
-        request = RunRequest.parse(
-            {
-                "agent": agent,
-                "input": input,
-                "actor": actor,
-                "thread_id": thread_id,
-                "run_id": run_id,
-                "persona": persona,
-                "metadata": metadata or {},
-            }
+        request = RunRequest.of(
+            agent,
+            input,
+            actor=actor,
+            thread_id=thread_id,
+            run_id=run_id,
+            persona=persona,
+            metadata=metadata,
         )
-        check_request(self.app, request)
-        run_id = request.run_id or new_id()
-        with self.store.begin() as conn:
-            created = create_run(
-                conn, request, run_id=run_id, runner="inline", status="running", app=self.app
-            )
+        run_id, created = admit_run(
+            self.store, self.app, request, runner="inline", status="running"
+        )
         if created:
             self._drive(run_id)
         return run_id
@@ -478,17 +472,10 @@ class InlineRunner:
 
         A `next-turn` message to an idle thread starts its turn at once.
         """
-        next_run: str | None = None
         with self.store.begin() as conn:
-            thread_id, _ = session.resolve_thread(conn, run_or_thread)
-            active = session.active_run(conn, thread_id)
-            session.push(conn, thread_id, active.id if active else None, target, text)
-            if target == "next-turn" and active is None:
-                last = session.last_run(conn, thread_id)
-                if last is not None:
-                    next_run = start_next_turn(
-                        conn, self.app, RunView.from_row(last), runner="inline"
-                    )
+            thread_id, next_run = post_message(
+                conn, self.app, run_or_thread, text, target=target, runner="inline"
+            )
         if next_run is not None:
             self._drive(next_run)
         return thread_id
