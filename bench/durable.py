@@ -74,27 +74,29 @@ def pg_commit_floor(url: str, n: int = 500) -> float:
     return statistics.median(samples)
 
 
-def celery_floor(broker: str, n: int = 200) -> float:
-    """Median seconds of a no-op task's round trip (send, run, result back)."""
+def floor_worker(broker: str, concurrency: int, *extra: str) -> Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
     env.update(FLOOR_BROKER_URL=broker, PYTHONPATH=str(ROOT))
-    proc = Process(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "bench.floor:floor",
-            "worker",
-            "--concurrency=1",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel=INFO",
-        ],
-        env,
-        "floor",
-    ).start(ready="ready.")
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "bench.floor:floor",
+        "worker",
+        f"--concurrency={concurrency}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel=INFO",
+        *extra,
+    ]
+    return Process(args, env, "floor").start(ready="ready.")
+
+
+def celery_floor(broker: str, n: int = 200) -> float:
+    """Median seconds of a no-op task's round trip (send, run, result back)."""
+    proc = floor_worker(broker, 1)
     os.environ["FLOOR_BROKER_URL"] = broker
     from bench.floor import noop
 
@@ -109,6 +111,26 @@ def celery_floor(broker: str, n: int = 200) -> float:
     finally:
         proc.stop()
     return statistics.median(samples)
+
+
+def celery_throughput(broker: str, n: int = 2000) -> float:
+    """No-op tasks a second that two processes drain with the workers' settings."""
+    proc = floor_worker(broker, 2, "-E")
+    os.environ["FLOOR_BROKER_URL"] = broker
+    from bench.floor import floor, noop_acked
+
+    floor.conf.worker_prefetch_multiplier = 1
+    client = redis.Redis.from_url(broker)
+    try:
+        started = time.perf_counter()
+        for _ in range(n):
+            noop_acked.apply_async()
+        while client.llen("celery") or client.hlen("unacked"):
+            time.sleep(0.005)
+        return n / (time.perf_counter() - started)
+    finally:
+        client.close()
+        proc.stop()
 
 
 def pg_counters(url: str) -> tuple[int, int]:
@@ -166,6 +188,7 @@ def main() -> None:
 
     figures: dict[str, Any] = {}
     figures["floor_celery_roundtrip_ms"] = celery_floor(f"{args.redis}/10") * 1000
+    figures["floor_celery_tasks_per_s"] = celery_throughput(f"{args.redis}/10")
     figures["floor_pg_commit_ms"] = pg_commit_floor(url) * 1000
     figures["floor_redis_roundtrip_ms"] = _redis_floor(broker_client) * 1000
 
@@ -253,6 +276,11 @@ def report(f: dict[str, Any]) -> None:
         f"floor: Celery no-op round trip {f['floor_celery_roundtrip_ms']:.2f} ms, "
         f"Postgres commit {f['floor_pg_commit_ms']:.2f} ms, Redis round trip "
         f"{f['floor_redis_roundtrip_ms']:.3f} ms"
+    )
+    print(
+        f"   Celery alone, acks late, prefetch 1, events on, 2 processes: "
+        f"{f['floor_celery_tasks_per_s']:.0f} no-op tasks/s "
+        f"(a W1 run is 8 of them: at most {f['floor_celery_tasks_per_s'] / 8:.0f} runs/s)"
     )
     print(
         f"W1 ({f['w1_runs']} runs, 2 worker processes): {f['w1_runs_per_s']:.1f} runs/s, "

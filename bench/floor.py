@@ -1,4 +1,8 @@
-"""The floor: a Celery no-op round trip, with a result backend only for this measurement."""
+"""The floor: a Celery no-op task, with a result backend only for the round trip.
+
+`noop_acked` has the workers' settings (acks late, one prefetched message, task
+events on): how many of those two processes drain a second bounds W1 from above.
+"""
 
 from __future__ import annotations
 
@@ -22,4 +26,9 @@ floor.conf.update(
 
 @floor.task(name="floor.noop")
 def noop() -> None:
+    return None
+
+
+@floor.task(name="floor.noop_acked", acks_late=True, ignore_result=True)
+def noop_acked() -> None:
     return None
