@@ -136,7 +136,11 @@ def test_cancel_discards_the_step_in_flight_and_clears_the_inbox(harness: Harnes
     assert end.data == {"reason": "aborted", "cause": "user"}
     time.sleep(2.5)  # let the model step in flight finish: its late result changes nothing
     assert [m.role for m in harness.store.thread_messages(run.thread_id)] == ["user"]
-    assert harness.store.usage(run_id) == []
+    # …but the provider was paid: the ledger and the quota account for its tokens.
+    [spent] = harness.store.usage(run_id)
+    assert (spent["step"], spent["kind"]) == ("model:1", "model")
+    total = spent["input_tokens"] + spent["output_tokens"]
+    assert harness.store.tokens_used("user-7", run.day) == total
     assert len(harness.store.list_runs(thread_id=run.thread_id)) == 1  # no next turn
     spliced = [e.data for e in harness.events(run_id) if e.type == "agent/inbox/spliced"]
     assert spliced[-1]["outcome"] == "canceled" and spliced[-1]["removed_count"] == 1

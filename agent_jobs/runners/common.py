@@ -17,10 +17,12 @@ from ..errors import InvalidRequestError, StepRejectedError
 from ..executor import StepEnv
 from ..hooks import Delegation, DelegationOutcome
 from ..loop import LoopDeps, TurnInput
+from ..messages import Usage
 from ..settings import Settings
 from ..store import RunView, Store, threads
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
+from ..store import usage as usage_rows
 from ..store.db import utcnow
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
@@ -213,6 +215,8 @@ def finish_turn(
         error=ending.error,
         error_type=ending.error_type,
     )
+    if ending.status == "cancelled":
+        account_discarded_usage(conn, run)
     if ending.status == "cancelled" and not ending.keep_inbox:
         env.flush_events(conn)  # keep the log in order: this pass's earlier events first
         session.clear(conn, run.thread_id, run.run_id)
@@ -283,6 +287,39 @@ def delegation_started(parent_run_id: str, delegation: Delegation, child_run_id:
         "delegation.started",
         lambda: {"run_id": parent_run_id, "child_run_id": child_run_id, "agent": delegation.agent},
     )
+
+
+def account_discarded_usage(conn: Connection, run: RunView) -> None:
+    """Record the tokens of model calls whose results a cancellation discarded.
+
+    A model step that finished after (or just as) its run was cancelled never reaches
+    its `usage:<n>` step, but the provider was paid: the ledger and the quota say so.
+    """
+    rows = {row.step: row for row in journal_rows.load_for_replay(conn, run.run_id)}
+    for step, row in rows.items():
+        if row.state != "done" or not isinstance(row.result, dict):
+            continue
+        if step.startswith("model:"):
+            recorded, kind = f"usage:{step.split(':', 1)[1]}" in rows, "model"
+        elif step == "history:summarize":
+            recorded, kind = "usage:summary" in rows, "summary"
+        else:
+            continue
+        if recorded or journal_rows.usage_recorded(conn, run.run_id, step):
+            continue
+        spent = Usage.model_validate(row.result.get("usage") or {})
+        usage_rows.record_usage(
+            conn,
+            run_id=run.run_id,
+            thread_id=run.thread_id,
+            actor=run.actor,
+            day=run.day,
+            step=step,
+            kind=kind,
+            model=row.result.get("model"),
+            spent=spent,
+        )
+        usage_rows.bump_quota(conn, actor=run.actor, day=run.day, tokens=spent.total_tokens)
 
 
 def start_next_turn(

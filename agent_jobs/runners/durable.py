@@ -67,6 +67,7 @@ from .common import (
     Ending,
     Finished,
     RunRequest,
+    account_discarded_usage,
     check_request,
     child_request,
     child_run_id,
@@ -395,6 +396,8 @@ class DurableRunner:
                 )
                 env.events.extend(completion.events)
             if run.finished:
+                if run.status == "cancelled" and completion is not None:
+                    account_discarded_usage(conn, run)  # its tokens were still spent
                 env.flush_events(conn)
                 return run.status  # a late result of a finished run changes nothing else
             if completion is not None and journal_rows.any_in_flight(conn, run_id):

@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from .db import utcnow
-from .schema import journal, runs
+from .schema import journal, runs, usage
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
 
@@ -153,6 +153,16 @@ _IN_FLIGHT = (
 def any_in_flight(conn: Connection, run_id: str) -> bool:
     """Whether some remote step of the run is still scheduled or running."""
     return conn.execute(_IN_FLIGHT, {"run_id": run_id}).first() is not None
+
+
+def usage_recorded(conn: Connection, run_id: str, step: str) -> bool:
+    """Whether the usage ledger already has a row for this step of the run."""
+    return (
+        conn.execute(
+            select(usage.c.id).where(usage.c.run_id == run_id, usage.c.step == step).limit(1)
+        ).first()
+        is not None
+    )
 
 
 def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
