@@ -60,14 +60,13 @@ def settings() -> Settings:
 def app() -> AgentApp:
     """The configured app; the bundled demo runs on `AGENT_JOBS_MODEL` when one is set."""
     config = settings()
-    loaded = load_app(config.app)
     if not config.app:
         from ..models.registry import default_model_from_settings
 
-        model = default_model_from_settings()
-        if model is not None:
-            loaded.get_agent("support").model = model
-    return loaded
+        # At the terminal an unusable AGENT_JOBS_MODEL is an error, not a quiet fallback
+        # to the scripted demo (which `load_app` allows a process without the key).
+        default_model_from_settings()
+    return load_app(config.app)
 
 
 def store() -> Store:
