@@ -78,10 +78,6 @@ class StepEnv:
         frames, self.frames = self.frames, []
         self.stream.emit_many(frames)
 
-    def discard(self) -> None:
-        self.frames.clear()
-        self.events.clear()
-
 
 # --- local steps -------------------------------------------------------------------
 

@@ -68,6 +68,8 @@ def test_a_question_is_asked_and_answered(harness: Harness) -> None:
     assert question["questions"] == [{"id": "q1", "question": "Which day suits you?"}]
     parked = harness.store.get_run(run_id)
     assert parked.status == "awaiting_answers"
+    [open_question] = harness.store.open_questions(run_id)
+    assert open_question["request_id"] == question["request_id"]
     assert parked.waiting_on == f"awaiting_answers schedule {question['request_id']}"
     answered = harness.client.answer(run_id, question["request_id"], {"q1": "Friday"}, actor="bob")
     assert answered

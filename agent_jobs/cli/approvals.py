@@ -70,10 +70,13 @@ def pending(as_json: bool) -> None:
     if as_json:
         print_json(calls)
         return
-    if not calls:
+    asked = store().open_questions()
+    if not calls and not asked:
         out.print("nothing is waiting for a decision")
     for c in calls:
         out.print(f"{c['run_id']} {c['call_id']} {c['name']} {c['args']} (actor {c['actor']})")
+    for q in asked:
+        out.print(f"{q['run_id']} {q['request_id']} {q['tool']} asks {q['questions']}")
 
 
 @approvals.command("listen")

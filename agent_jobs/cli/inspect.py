@@ -19,6 +19,10 @@ def run_document(db: Store, run: RunView) -> dict[str, Any]:
         {"call_id": c["call_id"], "tool": c["name"], "args": c["args"]}
         for c in db.pending_calls(run.run_id)
     ]
+    doc["pending_questions"] = [
+        {"request_id": q["request_id"], "tool": q["tool"], "questions": q["questions"]}
+        for q in db.open_questions(run.run_id)
+    ]
     return doc
 
 
@@ -40,6 +44,8 @@ def status(run_id: str, as_json: bool) -> None:
         out.print(f"waiting on: {run.waiting_on}")
     for call in doc["pending_calls"]:
         out.print(f"pending: {call['call_id']} {call['tool']} {call['args']}")
+    for asked in doc["pending_questions"]:
+        out.print(f"question: {asked['request_id']} {asked['tool']} {asked['questions']}")
     usage = doc["usage"]
     cost = f"  cost {usage['cost']:.6f}" if usage["cost"] is not None else ""
     out.print(

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine
 
 from ..errors import UnknownRunError
 from ..messages import Message
-from . import journal, runs, threads, toolcalls, usage
+from . import journal, questions, runs, threads, toolcalls, usage
 from .db import ensure_schema, is_sqlite, make_engine, upgrade
 
 
@@ -121,6 +121,11 @@ class Store:
     def pending_calls(self, run_id: str | None = None) -> list[dict[str, Any]]:
         with self.connect() as conn:
             return [dict(row._mapping) for row in toolcalls.pending_calls(conn, run_id=run_id)]
+
+    def open_questions(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Questions tools asked that no one has answered yet, oldest first."""
+        with self.connect() as conn:
+            return [dict(r._mapping) for r in questions.open_questions(conn, run_id=run_id)]
 
     def journal(self, run_id: str) -> list[dict[str, Any]]:
         with self.connect() as conn:

@@ -66,13 +66,6 @@ def for_thread(
     return conn.execute(_THREAD, params).all()
 
 
-def for_run(conn: Connection, run_id: str) -> Sequence[Any]:
-    """The events a run wrote, in order."""
-    return conn.execute(
-        select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
-    ).all()
-
-
 def active_run(conn: Connection, thread_id: str) -> Any | None:
     """The thread's unfinished run, if any (the newest)."""
     return conn.execute(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, exists, insert, select, update
+from sqlalchemy import Connection, bindparam, exists, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -93,12 +92,6 @@ def thread_messages(conn: Connection, thread_id: str, *, limit: int | None = Non
     else:
         rows = list(reversed(conn.execute(_NEWEST, {"thread_id": thread_id, "limit": limit}).all()))
     return [_to_message(row) for row in rows]
-
-
-def message_rows(conn: Connection, thread_id: str) -> Sequence[Row[Any]]:
-    return conn.execute(
-        select(messages).where(messages.c.thread_id == thread_id).order_by(messages.c.id)
-    ).all()
 
 
 def title_and_answered(conn: Connection, thread_id: str) -> tuple[str | None, bool]:
