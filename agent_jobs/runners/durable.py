@@ -80,6 +80,7 @@ from .common import (
 )
 
 log = logging.getLogger(__name__)
+IN_FLIGHT = frozenset({"scheduled", "started"})
 
 
 def task_for(intent: Intent) -> str:
@@ -400,7 +401,8 @@ class DurableRunner:
                     account_discarded_usage(conn, run)  # its tokens were still spent
                 env.flush_events(conn)
                 return run.status  # a late result of a finished run changes nothing else
-            if completion is not None and journal_rows.any_in_flight(conn, run_id):
+            rows = list(journal_rows.load_for_replay(conn, run_id))
+            if completion is not None and any(r.state in IN_FLIGHT for r in rows):
                 # A sibling of a fan-out is still out: a replay would stop at it, and its
                 # own result re-drives the run. Record this one and spare the replay.
                 env.flush_events(conn)
@@ -417,7 +419,6 @@ class DurableRunner:
                     diagnostics.publish(
                         "run.started", lambda: {"run_id": run_id, "agent": run.agent}
                     )
-                rows = list(journal_rows.load_for_replay(conn, run_id))
                 if self.before_replay is not None:
                     self.before_replay(run_id)
                 hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)

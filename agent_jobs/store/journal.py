@@ -140,21 +140,6 @@ def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
     )
 
 
-_IN_FLIGHT = (
-    select(journal.c.step)
-    .where(
-        journal.c.run_id == bindparam("run_id"),
-        journal.c.state.in_(("scheduled", "started")),
-    )
-    .limit(1)
-)
-
-
-def any_in_flight(conn: Connection, run_id: str) -> bool:
-    """Whether some remote step of the run is still scheduled or running."""
-    return conn.execute(_IN_FLIGHT, {"run_id": run_id}).first() is not None
-
-
 def usage_recorded(conn: Connection, run_id: str, step: str) -> bool:
     """Whether the usage ledger already has a row for this step of the run."""
     return (
