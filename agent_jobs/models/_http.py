@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..errors import ModelErrorKind
+
+T = TypeVar("T")
 
 # Wording that providers use when the prompt does not fit the model's context window
 # (OpenAI and vLLM: "maximum context length", Anthropic: "prompt is too long").
@@ -187,3 +191,27 @@ def as_cost(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return cost if math.isfinite(cost) and cost >= 0 else None
+
+
+class ProcessLocal(Generic[T]):
+    """An object made on first use in each process: an SDK client (its connection pool)
+    is never shared across a fork, so a Celery worker's children each make their own."""
+
+    def __init__(self, make: Callable[[], T], close: Callable[[T], None]) -> None:
+        self._make = make
+        self._close = close
+        self._value: T | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        with self._lock:
+            if self._value is None or self._pid != os.getpid():
+                self._value, self._pid = self._make(), os.getpid()
+            return self._value
+
+    def close(self) -> None:
+        with self._lock:
+            if self._value is not None and self._pid == os.getpid():
+                self._close(self._value)
+            self._value = None

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,6 +13,7 @@ from pydantic import SecretStr
 from ..errors import ModelError, ModelErrorKind
 from ..messages import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from ._http import (
+    ProcessLocal,
     as_cost,
     body_field,
     chained,
@@ -210,9 +209,16 @@ class OpenAICompatModel:
         self.prices = prices if prices is not None else PriceTable()
         self._api_key = api_key if isinstance(api_key, SecretStr) else SecretStr(api_key or "")
         self._default_headers = dict(default_headers or {})
-        self._client: openai.OpenAI | None = None
-        self._client_pid: int | None = None
-        self._lock = threading.Lock()
+        self._client: ProcessLocal[openai.OpenAI] = ProcessLocal(
+            lambda: openai.OpenAI(
+                api_key=self._api_key.get_secret_value() or _NO_KEY,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=0,  # retrying is the runner's job (the request-error waterfall)
+                default_headers=self._default_headers or None,
+            ),
+            lambda client: client.close(),
+        )
 
     @property
     def name(self) -> str:
@@ -226,24 +232,11 @@ class OpenAICompatModel:
 
     def client(self) -> openai.OpenAI:
         """The SDK client, made on first use in each process (never shared across a fork)."""
-        with self._lock:
-            if self._client is None or self._client_pid != os.getpid():
-                self._client = openai.OpenAI(
-                    api_key=self._api_key.get_secret_value() or _NO_KEY,
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_retries=0,  # retrying is the runner's job (the request-error waterfall)
-                    default_headers=self._default_headers or None,
-                )
-                self._client_pid = os.getpid()
-            return self._client
+        return self._client.get()
 
     def close(self) -> None:
         """Release the HTTP connections."""
-        with self._lock:
-            if self._client is not None and self._client_pid == os.getpid():
-                self._client.close()
-            self._client = None
+        self._client.close()
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the Chat Completions call for `request`."""
