@@ -24,7 +24,6 @@ from pathlib import Path
 
 import redis
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .approval_messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
 from .approvals import answers_step, approval_step
@@ -32,17 +31,13 @@ from .approvals_stream import ApprovalsStream, Entry
 from .client import Client
 from .errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
 from .logs import log_context
-from .settings import Settings, get_settings
+from .settings import Settings, SettingsBase, get_settings
 
 log = logging.getLogger(__name__)
 
 
-class ListenerSettings(BaseSettings):
+class ListenerSettings(SettingsBase):
     """The listener's knobs, `AGENT_JOBS_LISTENER_*`."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="AGENT_JOBS_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
-    )
 
     listener_group: str = "agent_jobs"
     listener_consumer: str | None = None  # default: host name and process id

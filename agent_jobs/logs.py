@@ -21,9 +21,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from .dispatch import START_RUN
+from .settings import SettingsBase
 
 LogFormat = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -37,12 +36,8 @@ _STANDARD = frozenset(
 _SECRET_WORDS = ("secret", "password", "passwd", "token", "api_key", "apikey", "authorization")
 
 
-class LogSettings(BaseSettings):
+class LogSettings(SettingsBase):
     """`AGENT_JOBS_LOG_FORMAT` (`text` or `json`) and `AGENT_JOBS_LOG_LEVEL`."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="AGENT_JOBS_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
-    )
 
     log_format: LogFormat = "text"
     log_level: str = "INFO"

@@ -16,8 +16,9 @@ from pydantic_settings import (
 CONFIG_FILE = Path("config") / "agent_jobs.toml"
 
 
-class Settings(BaseSettings):
-    """Every knob of the system. Environment beats `.env`, which beats `config/`."""
+class SettingsBase(BaseSettings):
+    """How every settings class of the project reads: `AGENT_JOBS_` environment
+    variables first, then `.env`, then `config/agent_jobs.toml`."""
 
     model_config = SettingsConfigDict(
         env_prefix="AGENT_JOBS_",
@@ -26,6 +27,27 @@ class Settings(BaseSettings):
         extra="ignore",
         toml_file=CONFIG_FILE,
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            TomlConfigSettingsSource(settings_cls),
+            file_secret_settings,
+        )
+
+
+class Settings(SettingsBase):
+    """Every knob of the system. Environment beats `.env`, which beats `config/`."""
 
     database_url: str = "sqlite:///agent_jobs.db"
     broker_url: str | None = None
@@ -76,23 +98,6 @@ class Settings(BaseSettings):
     @property
     def disabled_patch_ids(self) -> frozenset[str]:
         return frozenset(p.strip() for p in self.disabled_patches.split(",") if p.strip())
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (
-            init_settings,
-            env_settings,
-            dotenv_settings,
-            TomlConfigSettingsSource(settings_cls),
-            file_secret_settings,
-        )
 
 
 @lru_cache(maxsize=1)

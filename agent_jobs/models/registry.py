@@ -6,14 +6,11 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from ..errors import ConfigurationError
-from ..settings import CONFIG_FILE
+from ..settings import SettingsBase
 from .base import Model
 from .pricing import PriceSource, PriceTable, load_price_table
 
@@ -25,21 +22,14 @@ def _key(name: str, fallback: str) -> Any:
     return Field(default=None, validation_alias=AliasChoices(f"AGENT_JOBS_{name}", fallback))
 
 
-class ProviderSettings(BaseSettings):
+class ProviderSettings(SettingsBase):
     """Where the real models live and how to call them.
 
     Read like the main settings: the environment (prefix `AGENT_JOBS_`; API keys also
     from the provider's usual variable), then `.env`, then `config/agent_jobs.toml`.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="AGENT_JOBS_",
-        env_file=".env",
-        env_file_encoding="utf-8",
-        extra="ignore",
-        populate_by_name=True,
-        toml_file=CONFIG_FILE,
-    )
+    model_config = SettingsBase.model_config | SettingsConfigDict(populate_by_name=True)
 
     model: str | None = Field(default=None, description="`provider:model` the CLI runs on")
     openai_api_key: SecretStr | None = _key("OPENAI_API_KEY", "OPENAI_API_KEY")
@@ -57,23 +47,6 @@ class ProviderSettings(BaseSettings):
     model_max_tokens: int | None = Field(default=None, gt=0)
     reasoning_effort: str | None = None
     price_table: str | None = None
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (
-            init_settings,
-            env_settings,
-            dotenv_settings,
-            TomlConfigSettingsSource(settings_cls),
-            file_secret_settings,
-        )
 
 
 # Providers served by the OpenAI-compatible adapter, and whether they need a key.
