@@ -31,7 +31,7 @@ from agent_jobs.store.schema import journal, runs, threads, tool_calls
 
 from . import apps
 from .conftest import truncate_all
-from .workers import ROOT, Process, service_env, start_beat
+from .workers import ROOT, Process, service_env, start_beat, worker
 
 SECRET = "test-approval-secret-" + uuid.uuid4().hex
 FAST_SWEEP = {
@@ -149,25 +149,6 @@ def plain_celery_send(broker: str, sends: list[dict[str, Any]]) -> list[str]:
     return ids
 
 
-def worker_args(name: str, concurrency: int, queues: str | None) -> list[str]:
-    args = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks",
-        "worker",
-        "--loglevel=INFO",
-        f"--concurrency={concurrency}",
-        "--pool=prefork",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
-    ]
-    return [*args, f"--queues={queues}"] if queues else args
-
-
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 20, every: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -205,7 +186,7 @@ class Doors:
         truncate_all(self.store)
 
     def worker(self, concurrency: int = 2, queues: str | None = "agent_jobs") -> Process:
-        proc = Process(worker_args("doors", concurrency, queues), self.env, "worker")
+        proc = worker(self.env, concurrency, "doors", queues)
         self.procs.append(proc.start(ready="ready."))
         return proc
 

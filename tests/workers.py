@@ -82,7 +82,19 @@ class Process:
             self.kill()
 
 
-def worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> Process:
+DEFAULT_QUEUES = "from the environment"
+
+
+def worker(
+    env: dict[str, str],
+    concurrency: int = 2,
+    name: str = "worker",
+    queues: str | None = DEFAULT_QUEUES,
+) -> Process:
+    """A worker process (not started). `queues=None` leaves Celery's choice: every queue
+    the app declares."""
+    if queues == DEFAULT_QUEUES:
+        queues = env.get("AGENT_JOBS_QUEUE", "agent_jobs")
     args = [
         sys.executable,
         "-m",
@@ -97,9 +109,8 @@ def worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> P
         "--without-mingle",
         "--without-heartbeat",
         f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
-        f"--queues={env.get('AGENT_JOBS_QUEUE', 'agent_jobs')}",
     ]
-    return Process(args, env, name)
+    return Process([*args, f"--queues={queues}"] if queues else args, env, name)
 
 
 def start_worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> Process:
