@@ -90,6 +90,8 @@ def execute_local(intent: Intent, conn: Connection, env: StepEnv, step: str) -> 
 
 
 def _quota_check(intent: Any, conn: Connection, env: StepEnv, step: str) -> QuotaVerdict:
+    if intent.limit is None:  # no budget: nothing to count against
+        return QuotaVerdict(used=0, limit=None)
     used = usage_store.tokens_used(conn, actor=intent.actor, day=intent.day)
     return QuotaVerdict(used=used, limit=intent.limit)
 
