@@ -131,7 +131,6 @@ class DurableHooks(LoopHooks):
         self.children: list[str] = []  # delegated runs to start once this pass commits
         self.new_rows: list[dict[str, Any]] = []  # inserted in one statement before commit
         self.parked = _Parked()
-        self.progressed = False
         self.output = _Output()
 
     # --- positions ---------------------------------------------------------------------
@@ -162,7 +161,6 @@ class DurableHooks(LoopHooks):
             )
         )
         self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos)
-        self.progressed = True
 
     def _wait(self, label: str, status: run_rows.RunStatus = "running") -> Suspend:
         self.parked.labels.append(label)
@@ -378,7 +376,7 @@ class DurableRunner:
         hooks: DurableHooks | None = None
         wake_at_deadline: datetime | None = None
         with self.store.begin() as conn:
-            row = run_rows.get_run(conn, run_id, for_update=True)
+            row = run_rows.lock_and_touch(conn, run_id)
             if row is None:
                 return f"unknown run {run_id}"
             run = RunView.from_row(row)
@@ -467,7 +465,7 @@ class DurableRunner:
     def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
         parked = hooks.parked
         waiting_on = " ".join(parked.labels) if parked.status != "running" else None
-        if run.status != parked.status or run.waiting_on != waiting_on or hooks.progressed:
+        if run.status != parked.status or run.waiting_on != waiting_on:
             run_rows.set_status(conn, run.run_id, parked.status, waiting_on=waiting_on)
         if run.status != parked.status:
             hooks.env.emit_after_commit("status", status=parked.status)

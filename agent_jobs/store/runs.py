@@ -83,6 +83,23 @@ _GET = select(runs).where(runs.c.id == bindparam("run_id"))
 _LOCK = _GET.with_for_update()
 
 
+_LOCK_AND_TOUCH = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run_id"))
+    .values(updated_at=bindparam("b_now"))
+    .returning(*runs.c)
+)
+
+
+def lock_and_touch(conn: Connection, run_id: str) -> Row[Any] | None:
+    """Take the run's row lock and mark it as just driven, in one statement.
+
+    Re-drives of a run serialise on this lock; `updated_at` is what the sweep reads to
+    tell a run that makes progress from one that stalled.
+    """
+    return conn.execute(_LOCK_AND_TOUCH, {"b_run_id": run_id, "b_now": utcnow()}).first()
+
+
 def get_run(conn: Connection, run_id: str, *, for_update: bool = False) -> Row[Any] | None:
     """The run's row; `for_update` takes its lock (serialises re-drives of the run)."""
     return conn.execute(_LOCK if for_update else _GET, {"run_id": run_id}).first()
