@@ -72,7 +72,16 @@ runs = Table(
     Column("finished_at", DateTime(timezone=True), nullable=True),
 )
 Index("ix_runs_thread", runs.c.thread_id)
-Index("ix_runs_status_updated", runs.c.status, runs.c.updated_at)
+# Only unfinished runs are indexed by status (what the sweep and `runs --status` look
+# for), and `updated_at` is in no index: a pass that touches a run stays a cheap
+# heap-only update in Postgres.
+_UNFINISHED = runs.c.status.not_in(("completed", "failed", "cancelled"))
+Index(
+    "ix_runs_unfinished",
+    runs.c.status,
+    postgresql_where=_UNFINISHED,
+    sqlite_where=_UNFINISHED,
+)
 Index("ix_runs_parent", runs.c.parent_run_id)
 
 messages = Table(
@@ -111,7 +120,14 @@ tool_calls = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
-Index("ix_tool_calls_status", tool_calls.c.status)
+# Only calls waiting for a person are looked up by status.
+_PENDING = tool_calls.c.status == "pending_approval"
+Index(
+    "ix_tool_calls_pending",
+    tool_calls.c.status,
+    postgresql_where=_PENDING,
+    sqlite_where=_PENDING,
+)
 
 usage = Table(
     "usage",
@@ -172,7 +188,6 @@ events = Table(
     Column("data", Json, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
-Index("ix_events_run", events.c.run_id)
 
 # Questions a tool asked a person, and the answers (the first answer wins).
 questions = Table(
