@@ -181,6 +181,20 @@ def test_run_with_a_broker_rejects_at_the_prompt(doors: Doors) -> None:
     assert call["status"] == "rejected" and call["decision_reason"] == "rejected at the terminal"
 
 
+def test_run_with_a_broker_answers_questions_at_the_prompt(doors: Doors) -> None:
+    doors.reset()
+    done = cli(
+        "run", "set up a call", "--agent", "planner", "--actor", "user-7",
+        env=doors.env, input="Friday\n",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Which day suits you?" in done.stderr and "planned" in done.stdout
+    [run] = doors.store.list_runs()
+    assert run.runner == "durable" and run.status == "completed"
+    [call] = doors.store.tool_calls(run.run_id)
+    assert call["result"] == "a call booked for Friday"
+
+
 def test_run_with_a_broker_yes_and_json(doors: Doors) -> None:
     doors.reset()
     done = cli(
