@@ -13,13 +13,15 @@ from sqlalchemy import Connection
 
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..errors import InvalidRequestError, StepRejectedError
+from ..errors import InvalidRequestError, ModelError, StepRejectedError
 from ..executor import StepEnv
 from ..hooks import Delegation, DelegationOutcome
 from ..loop import LoopDeps, TurnInput
 from ..messages import Usage
+from ..retry import RequestErrorAction, RequestErrorPayload, resolve
 from ..settings import Settings
 from ..store import RunView, Store, threads
+from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store import usage as usage_rows
@@ -381,3 +383,40 @@ class Ending:
         if self.status == "completed":
             return "done", {"output": self.output}
         return "error", {"error": self.error, "error_type": self.error_type}
+
+
+def ask_waterfall(
+    app: AgentApp,
+    settings: Settings,
+    error: ModelError,
+    *,
+    run_id: str,
+    thread_id: str,
+    step: str,
+    retry_count: int,
+    attempt: int,
+) -> tuple[RequestErrorAction, event_rows.PendingEvent]:
+    """What to do about a failed model request, and the `agent/request` event saying so."""
+    payload = RequestErrorPayload(
+        error=error,
+        run_id=run_id,
+        step=step,
+        retry_count=retry_count,
+        max_retries=settings.model_max_retries,
+    )
+    action = resolve(
+        app.request_error_chain,
+        payload,
+        base_delay=settings.model_retry_base_delay,
+        max_delay=settings.model_retry_max_delay,
+    )
+    data = {
+        "step": step,
+        "attempt": attempt,
+        "outcome": "error",
+        "kind": error.kind,
+        "action": action.kind,
+        "delay": action.delay,
+        "reason": action.reason,
+    }
+    return action, (thread_id, run_id, "agent/request", data)

@@ -51,7 +51,6 @@ from ..hooks import (
 )
 from ..leases import Leases
 from ..loop import run_agent_loop
-from ..retry import RequestErrorPayload, resolve
 from ..settings import Settings
 from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
 from ..store import RunView, Store, toolcalls
@@ -68,6 +67,7 @@ from .common import (
     Finished,
     RunRequest,
     account_discarded_usage,
+    ask_waterfall,
     check_request,
     child_request,
     child_run_id,
@@ -575,33 +575,15 @@ class DurableRunner:
         started: datetime,
     ) -> Completion:
         """Ask the request-error waterfall: retry later, or fail the step for good."""
-        settings = self.settings
-        payload = RequestErrorPayload(
-            error=error,
+        action, event = ask_waterfall(
+            self.app,
+            self.settings,
+            error,
             run_id=row.run_id,
+            thread_id=row.thread_id,
             step=step,
             retry_count=retries,
-            max_retries=settings.model_max_retries,
-        )
-        action = resolve(
-            self.app.request_error_chain,
-            payload,
-            base_delay=settings.model_retry_base_delay,
-            max_delay=settings.model_retry_max_delay,
-        )
-        event = (
-            row.thread_id,
-            row.run_id,
-            "agent/request",
-            {
-                "step": step,
-                "attempt": attempt,
-                "outcome": "error",
-                "kind": error.kind,
-                "action": action.kind,
-                "delay": action.delay,
-                "reason": action.reason,
-            },
+            attempt=attempt,
         )
         log.info("model step %s of run %s: %s", step, row.run_id, action.reason)
         if action.kind == "retry":

@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime
 from typing import Any, Literal, TypeVar
+
+from sqlalchemy import Connection
 
 from .. import diagnostics, session
 from ..app import AgentApp
@@ -44,7 +47,6 @@ from ..hooks import (
     settle,
 )
 from ..loop import run_agent_loop
-from ..retry import RequestErrorPayload, resolve
 from ..settings import Settings, get_settings
 from ..steps import ModelTurn, dump
 from ..store import RunView, Store, toolcalls
@@ -57,6 +59,7 @@ from .common import (
     Ending,
     RunRequest,
     admit_run,
+    ask_waterfall,
     child_request,
     child_run_id,
     create_run,
@@ -117,30 +120,34 @@ class InlineHooks(LoopHooks):
             else:
                 result = dump(execute_remote(intent, env, call.name))
             with store.begin() as conn:
-                env.flush_events(conn)
-                journal_rows.insert_done(
-                    conn,
-                    run_id=self.run.run_id,
-                    step=call.name,
-                    seq=seq,
-                    intent=dump(intent),
-                    result=result,
-                    started_at=started,
-                )
+                self._journal(conn, env, call, seq, result, started)
             return result
         with store.begin() as conn:
             result = dump(execute_local(intent, conn, env, call.name))
-            env.flush_events(conn)
-            journal_rows.insert_done(
-                conn,
-                run_id=self.run.run_id,
-                step=call.name,
-                seq=seq,
-                intent=dump(intent),
-                result=result,
-            )
+            self._journal(conn, env, call, seq, result, None)
         env.flush()
         return result
+
+    def _journal(
+        self,
+        conn: Connection,
+        env: StepEnv,
+        call: StepCall,
+        seq: int,
+        result: Any,
+        started: datetime | None,
+    ) -> None:
+        """The step's events and its journal row, in the step's transaction."""
+        env.flush_events(conn)
+        journal_rows.insert_done(
+            conn,
+            run_id=self.run.run_id,
+            step=call.name,
+            seq=seq,
+            intent=dump(call.intent),
+            result=result,
+            started_at=started,
+        )
 
     def _model_turn(self, intent: ModelTurn, env: StepEnv, step: str) -> Any:
         """Call the model, asking the request-error waterfall after each failure.
@@ -158,31 +165,17 @@ class InlineHooks(LoopHooks):
             try:
                 result = dump(execute_remote(intent, env, step))
             except ModelError as error:
-                payload = RequestErrorPayload(
-                    error=error,
+                action, event = ask_waterfall(
+                    runner.app,
+                    settings,
+                    error,
                     run_id=self.run.run_id,
+                    thread_id=thread_id,
                     step=step,
                     retry_count=attempt - 1,
-                    max_retries=settings.model_max_retries,
-                )
-                action = resolve(
-                    runner.app.request_error_chain,
-                    payload,
-                    base_delay=settings.model_retry_base_delay,
-                    max_delay=settings.model_retry_max_delay,
-                )
-                env.event(
-                    thread_id,
-                    self.run.run_id,
-                    "agent/request",
-                    step=step,
                     attempt=attempt,
-                    outcome="error",
-                    kind=error.kind,
-                    action=action.kind,
-                    delay=action.delay,
-                    reason=action.reason,
                 )
+                env.events.append(event)
                 with runner.store.begin() as conn:  # visible while the turn waits
                     env.flush_events(conn)
                 if action.kind == "abort":
