@@ -490,3 +490,50 @@ app.agent(
     model=CountingModel([{"tool_calls": [{"name": "crash_worker", "args": {}}]}, {"text": "x"}]),
     tools=["crash_worker"],
 )
+
+
+# --- hardening: steps that wait for the test, and name the process that runs them ----------
+
+
+@app.tool(kind="read")
+def held(seconds: float, ctx: ToolContext) -> int:
+    """A read that records the process running it, then takes a while."""
+    record(ctx.run_id, f"held:start:{os.getpid()}", ctx.idempotency_key)
+    time.sleep(seconds)
+    record(ctx.run_id, "held", ctx.idempotency_key)
+    return os.getpid()
+
+
+@app.tool(kind="read")
+def gate(ctx: ToolContext) -> str:
+    """A read that waits until the test creates `$TEST_GATE_DIR/<run_id>`."""
+    record(ctx.run_id, "gate:start", ctx.idempotency_key)
+    path = os.path.join(os.environ["TEST_GATE_DIR"], ctx.run_id)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test never opened {path}")
+        time.sleep(0.02)
+    record(ctx.run_id, "gate", ctx.idempotency_key)
+    return "opened"
+
+
+app.agent(
+    "held",
+    model=CountingModel(
+        [{"tool_calls": [{"name": "held", "args": {"seconds": 4.0}}]}, {"text": "held done"}]
+    ),
+    tools=["held"],
+)
+
+app.agent(
+    "gated_by_file",
+    model=CountingModel(
+        [
+            {"tool_calls": [{"name": "gate", "args": {}}]},
+            {"tool_calls": [{"name": "lookup", "args": {"order_id": "9"}}]},
+            {"text": "through the gate"},
+        ]
+    ),
+    tools=["gate", "lookup"],
+)

@@ -13,9 +13,9 @@ from agent_jobs.store import Store
 
 from . import apps
 from .conftest import SESSION_QUEUE, truncate_all
+from .redis_server import RedisServer
 from .workers import Process, service_env, start_beat, start_worker
 
-CRASH_BROKER_DB = 2
 FAST_RECOVERY = {
     "AGENT_JOBS_STEP_LEASE": "1.5",
     "AGENT_JOBS_SWEEP_STALE_AFTER": "1",
@@ -26,15 +26,16 @@ FAST_RECOVERY = {
 class Cluster:
     """Workers and beat of our own on a broker of our own, started and killed at will."""
 
-    def __init__(self, broker: str, pg_url: str, tmp: Path) -> None:
-        self.broker = broker
+    def __init__(self, redis: RedisServer, pg_url: str, tmp: Path) -> None:
+        self.redis = redis
+        self.broker = redis.url(0)
         self.pg_url = pg_url
         self.tmp = tmp
         self.procs: list[Process] = []
         self.store = Store.from_url(pg_url)
         truncate_all(self.store)
-        self.celery = celery_client(broker, SESSION_QUEUE)
-        settings = Settings(broker_url=broker, database_url=pg_url, queue=SESSION_QUEUE)
+        self.celery = celery_client(self.broker, SESSION_QUEUE)
+        settings = Settings(broker_url=self.broker, database_url=pg_url, queue=SESSION_QUEUE)
         self.client = Client(self.store, apps.app, settings, CeleryDispatcher(self.celery))
 
     def env(self, **extra: str) -> dict[str, str]:

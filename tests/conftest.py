@@ -13,6 +13,8 @@ from sqlalchemy import create_engine, text
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 
+from .redis_server import RedisServer
+
 # A queue of this test session's own for the shared and crash-test workers: two pytest
 # runs on one machine's Redis never take each other's tasks.
 SESSION_QUEUE = f"agent_jobs_test_{uuid.uuid4().hex[:8]}"
@@ -20,7 +22,6 @@ SESSION_QUEUE = f"agent_jobs_test_{uuid.uuid4().hex[:8]}"
 PG_ADMIN_URL = os.environ.get(
     "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-REDIS_URL = os.environ.get("AGENT_JOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture(scope="session")
@@ -79,17 +80,20 @@ def store(db_url: str) -> Iterator[Store]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
+def redis_server() -> Iterator[RedisServer]:
+    """A `redis-server` of this test session's own: the tests flush and restart only
+    what they started, never the machine's Redis."""
     try:
-        client.ping()
-    except Exception as exc:
-        pytest.fail(f"Redis is required for the tests ({REDIS_URL}): {exc}")
-    finally:
-        client.close()
-    return REDIS_URL
+        server = RedisServer().start()
+    except Exception as exc:  # a missing service is a failure, never a skip
+        pytest.fail(f"the tests need redis-server: {exc}")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url(0)
 
 
 # --- both runners -------------------------------------------------------------------------
@@ -152,17 +156,14 @@ def harness(
 
 
 @pytest.fixture
-def cluster(
-    pg_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[object]:
-    """Workers and beat of the test's own, on a broker of its own (crash tests kill them)."""
-    import redis
-
-    from .cluster import CRASH_BROKER_DB, Cluster
+def cluster(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Workers and beat of the test's own, on a `redis-server` of its own: crash tests
+    kill the workers, flush the broker and restart it."""
+    from .cluster import Cluster
 
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
-    broker = redis_url.rsplit("/", 1)[0] + f"/{CRASH_BROKER_DB}"
-    redis.Redis.from_url(broker).flushdb()
-    c = Cluster(broker, pg_url, tmp_path)
+    server = RedisServer().start()
+    c = Cluster(server, pg_url, tmp_path)
     yield c
     c.close()
+    server.close()
