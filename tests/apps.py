@@ -505,16 +505,16 @@ def held(seconds: float, ctx: ToolContext) -> int:
 
 
 @app.tool(kind="read")
-def gate(ctx: ToolContext) -> str:
+def wait_for_gate(ctx: ToolContext) -> str:
     """A read that waits until the test creates `$TEST_GATE_DIR/<run_id>`."""
-    record(ctx.run_id, "gate:start", ctx.idempotency_key)
+    record(ctx.run_id, "wait_for_gate:start", ctx.idempotency_key)
     path = os.path.join(os.environ["TEST_GATE_DIR"], ctx.run_id)
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the test never opened {path}")
         time.sleep(0.02)
-    record(ctx.run_id, "gate", ctx.idempotency_key)
+    record(ctx.run_id, "wait_for_gate", ctx.idempotency_key)
     return "opened"
 
 
@@ -530,10 +530,10 @@ app.agent(
     "gated_by_file",
     model=CountingModel(
         [
-            {"tool_calls": [{"name": "gate", "args": {}}]},
+            {"tool_calls": [{"name": "wait_for_gate", "args": {}}]},
             {"tool_calls": [{"name": "lookup", "args": {"order_id": "9"}}]},
             {"text": "through the gate"},
         ]
     ),
-    tools=["gate", "lookup"],
+    tools=["wait_for_gate", "lookup"],
 )
