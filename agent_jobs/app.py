@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
@@ -302,12 +305,32 @@ def load_app(path: str | None) -> AgentApp:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise AppLoadError(f"AGENT_JOBS_APP={path!r} must look like 'package.module:attribute'")
+    # As `celery -A` does: the working directory is importable while the app loads,
+    # so `myagents:app` works from the project's directory without PYTHONPATH, and
+    # sys.path is left as it was found.
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # the directory was removed under us
+        cwd = ""
+    added = bool(cwd) and cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        # Only when the app's own module (or a package of it) is missing: an import
+        # failing inside it is the module's problem, not a matter of where we looked.
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        where = ""
+        if cwd and missing and (module_name == missing or module_name.startswith(f"{missing}.")):
+            where = f" (looked in the current directory {cwd} and on sys.path)"
         raise AppLoadError(
-            f"AGENT_JOBS_APP={path!r}: cannot import {module_name!r}: {exc}"
+            f"AGENT_JOBS_APP={path!r}: cannot import {module_name!r}: {exc}{where}"
         ) from exc
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
     try:
         app = getattr(module, attribute)
     except AttributeError:

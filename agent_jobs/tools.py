@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+import docstring_parser
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from .errors import ConfigurationError, ToolInputError, ToolNotPermittedError, UnknownToolError
 from .messages import ToolSpec
@@ -72,7 +77,14 @@ _RESULT = TypeAdapter(Any)
 
 
 class Tool:
-    """One tool: a handler, its kind, who may use it, and its input model."""
+    """One tool: a handler, its kind, who may use it, and its input model.
+
+    The description is the docstring's summary and body, without its sections (Args,
+    Returns, Raises, Examples, ...); a parameter's description comes from
+    `Annotated[..., Field(description=...)]` or, failing that, from the docstring's
+    Args (Google), `:param:` (Sphinx) or Parameters (NumPy) entry. An `async def`
+    handler is awaited to completion.
+    """
 
     def __init__(
         self,
@@ -92,10 +104,11 @@ class Tool:
         self.handler = handler
         self.kind: ToolKind = kind
         self.name = name or handler.__name__
-        self.description = description or inspect.getdoc(handler) or ""
+        summary, documented = _docstring(handler)
+        self.description = description or summary
         self.roles = frozenset(roles) if roles is not None else None
         self.approvers = frozenset(approvers) if approvers is not None else None
-        self.input_model, self.wants_ctx = _input_model(handler, self.name)
+        self.input_model, self.wants_ctx = _input_model(handler, self.name, documented)
         self._spec: ToolSpec | None = None
 
     def spec(self) -> ToolSpec:
@@ -119,19 +132,73 @@ class Tool:
             raise ToolInputError(self.name, detail) from None
 
     def invoke(self, args: Mapping[str, Any], ctx: ToolContext) -> Any:
-        """Validate, call the handler, and return its result as JSON-ready data."""
+        """Validate, call the handler, and return its result as JSON-ready data.
+
+        An async handler gets the same `ctx` and is run to completion here, on an event
+        loop of its own for each call; `ctx.ask` and failures raise out of it as from a
+        sync handler.
+        """
         validated = self.validate(args)
         kwargs = {field: getattr(validated, field) for field in type(validated).model_fields}
         if self.wants_ctx:
             kwargs["ctx"] = ctx
-        return _RESULT.dump_python(self.handler(**kwargs), mode="json")
+        result = self.handler(**kwargs)
+        # Asked of the result, not the handler: a sync decorator around an async
+        # function is no coroutine function, yet hands back a coroutine all the same.
+        if inspect.iscoroutine(result):
+            result = _run_to_completion(result)
+        return _RESULT.dump_python(result, mode="json")
 
 
-def _input_model(handler: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
+def _run_to_completion(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Await a coroutine from synchronous code, in this thread if no loop runs here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    # asyncio.run refuses to nest in this thread's running loop, and handing the
+    # coroutine to that loop would deadlock: our synchronous caller is blocking it.
+    context = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-jobs-tool") as pool:
+        return pool.submit(context.run, asyncio.run, coroutine).result()
+
+
+def _docstring(handler: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    """The docstring's summary and body, and the descriptions of its parameters."""
+    doc = inspect.getdoc(handler) or ""
+    if not doc:
+        return "", {}
+    try:
+        parsed = docstring_parser.parse(doc)
+    except docstring_parser.ParseError:
+        return doc, {}
+    if not parsed.meta:  # no sections: the text stays exactly as written
+        return doc, {}
+    params = {
+        param.arg_name: param.description.strip()
+        for param in parsed.params
+        if param.description and param.description.strip()
+    }
+    gap = "\n\n" if parsed.blank_after_short_description else "\n"
+    parts = (parsed.short_description, parsed.long_description)
+    return gap.join(part.strip() for part in parts if part and part.strip()), params
+
+
+def _described(annotation: Any, default: Any) -> bool:
+    """Whether the parameter carries its own `Field(description=...)`."""
+    is_annotated = typing.get_origin(annotation) is Annotated
+    metadata = typing.get_args(annotation)[1:] if is_annotated else ()
+    return any(isinstance(f, FieldInfo) and f.description is not None for f in (default, *metadata))
+
+
+def _input_model(
+    handler: Callable[..., Any], name: str, documented: Mapping[str, str]
+) -> tuple[type[BaseModel], bool]:
     """Build the pydantic input model from the handler's signature (minus `ctx`)."""
     signature = inspect.signature(handler)
     try:
-        hints = typing.get_type_hints(handler)
+        # With the extras: `Annotated` metadata carries descriptions and constraints.
+        hints = typing.get_type_hints(handler, include_extras=True)
     except (NameError, TypeError) as exc:
         raise ConfigurationError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
     fields: dict[str, Any] = {}
@@ -144,6 +211,11 @@ def _input_model(handler: Callable[..., Any], name: str) -> tuple[type[BaseModel
             raise ConfigurationError(f"tool {name!r}: *args and **kwargs have no schema")
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
+        doc = documented.get(param.name)
+        if doc is not None and not _described(annotation, default):
+            # After the parameter's own metadata: pydantic merges the two, so a Field
+            # that sets only constraints keeps them and gains the description.
+            annotation = Annotated[annotation, Field(description=doc)]
         fields[param.name] = (annotation, default)
     model = create_model(
         f"{name}_input",

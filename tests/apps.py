@@ -537,3 +537,33 @@ app.agent(
     ),
     tools=["wait_for_gate", "lookup"],
 )
+
+
+# --- async tools: awaited to completion on both runners -------------------------------------
+
+
+@app.tool(kind="read")
+async def track(order_id: str, ctx: ToolContext) -> dict[str, Any]:
+    """Track an order's parcel, awaiting the carrier on the way."""
+    import asyncio
+
+    await asyncio.sleep(0.05)
+    record(ctx.run_id, "track", ctx.idempotency_key)
+    return {"order_id": order_id, "parcel": f"PX-{order_id}", "awaited": True}
+
+
+app.agent(
+    "tracker",
+    model=CountingModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "track", "args": {"order_id": "42"}},
+                    {"name": "track", "args": {"order_id": "7"}},
+                ]
+            },
+            {"text": "both parcels tracked"},
+        ]
+    ),
+    tools=["track"],
+)
