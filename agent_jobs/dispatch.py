@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import redis
 from celery import Celery, group
 from kombu import Exchange, Queue
+from kombu.exceptions import OperationalError
+
+from .transport import transport_for
 
 START_RUN = "agent_jobs.start_run"
 COORDINATE = "agent_jobs.coordinate"
@@ -14,6 +22,12 @@ MODEL_TURN = "agent_jobs.model_turn"
 INVOKE_TOOL = "agent_jobs.invoke_tool"
 SWEEP = "agent_jobs.sweep"
 QUEUE = "agent_jobs"
+
+log = logging.getLogger(__name__)
+
+# What a send raises when the broker cannot be reached (kombu wraps the connection
+# errors it gave up retrying; redis-py and the socket layer may surface directly).
+BROKER_ERRORS: tuple[type[Exception], ...] = (OperationalError, redis.RedisError, OSError)
 
 
 def task_queues(queue: str) -> list[Queue]:
@@ -62,6 +76,8 @@ def celery_client(broker_url: str, queue: str | None = None) -> Celery:
     """A Celery app that only sends: JSON only, no result backend."""
     client = Celery("agent_jobs_client", broker=broker_url, set_as_current=False)
     client.conf.update(routing_config(queue))
+    if (transport := transport_for(broker_url)) is not None:
+        client.conf.broker_transport = transport
     return client
 
 
@@ -93,3 +109,102 @@ class CeleryDispatcher:
     def start_run(self, kwargs: dict[str, Any], *, task_id: str | None = None) -> str:
         result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=self.queue)
         return str(result.id)
+
+
+class ResendingDispatcher:
+    """A dispatcher whose sends never fail the caller: one the broker refuses is kept
+    and sent again in the background until the broker is back.
+
+    Every send here follows a commit that already recorded what it announces, so a
+    lost send delays a run and never loses it: the sweep would find the work too. This
+    only makes the wait as short as the outage. A process that dies with sends still
+    kept leaves them to the sweep. Repeating a send is harmless (steps and re-drives
+    are idempotent), so nothing here needs to know whether a failed send got through.
+    """
+
+    def __init__(
+        self,
+        inner: Dispatcher,
+        *,
+        retry_every: float = 0.5,
+        max_backoff: float = 5.0,
+        max_kept: int = 10_000,
+    ) -> None:
+        self.inner = inner
+        self.retry_every = retry_every
+        self.max_backoff = max_backoff
+        self._kept: deque[tuple[Callable[[], None], str]] = deque(maxlen=max_kept)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
+        due = None if countdown is None else time.monotonic() + countdown
+
+        def send() -> None:
+            left = None if due is None else max(0.0, due - time.monotonic())
+            self.inner.coordinate(run_id, countdown=left)
+
+        self._send(send, f"re-drive of run {run_id}")
+
+    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
+        if not steps:
+            return
+        chosen = list(steps)
+        names = " ".join(step for _, step in chosen)
+        self._send(lambda: self.inner.steps(run_id, chosen), f"{names} of run {run_id}")
+
+    @property
+    def kept(self) -> int:
+        """How many sends wait for the broker to come back."""
+        with self._lock:
+            return len(self._kept)
+
+    def _send(self, send: Callable[[], None], what: str) -> None:
+        with self._lock:
+            queued = bool(self._kept)
+        if not queued:
+            try:
+                send()
+                return
+            except BROKER_ERRORS as exc:
+                log.warning(
+                    "the broker refused the %s (%s); sending it again when it is back", what, exc
+                )
+        # Behind earlier sends that wait: a run's sends keep their order.
+        with self._lock:
+            if len(self._kept) == self._kept.maxlen:
+                _, dropped = self._kept[0]
+                log.warning(
+                    "too many sends wait for the broker: the %s is left to the sweep", dropped
+                )
+            self._kept.append((send, what))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._resend, name="agent-jobs-resend", daemon=True
+                )
+                self._thread.start()
+
+    def _resend(self) -> None:
+        delay = self.retry_every
+        while True:
+            time.sleep(delay)
+            while True:
+                with self._lock:
+                    if not self._kept:
+                        self._thread = None
+                        return
+                    send, what = self._kept[0]
+                try:
+                    send()
+                except BROKER_ERRORS as exc:
+                    log.debug("the broker still refuses the %s: %s", what, exc)
+                    delay = min(delay * 2, self.max_backoff)
+                    break
+                except Exception:
+                    log.exception("could not send the %s; it is left to the sweep", what)
+                else:
+                    log.info("sent the %s now that the broker is back", what)
+                    delay = self.retry_every
+                with self._lock:
+                    if self._kept and self._kept[0][0] is send:
+                        self._kept.popleft()

@@ -1,18 +1,35 @@
 """Who is running a remote step right now, and how often it was delivered: kept in Redis.
 
-A step task takes the step's lease (SET NX with an expiry) before it runs the step and
-keeps it alive while it runs; a duplicate delivery finds the lease taken and does
-nothing. Each delivery that takes the lease counts an attempt, so a step that keeps
-killing its worker is given up after a bounded number. None of this costs a Postgres
-commit; if Redis loses it, the worst case is a step run once more, whose result the
-journal refuses (first writer wins) and whose side effects the idempotency key guards.
+A step task takes the step's lease (SET NX with an expiry) before it looks at the step,
+and keeps it alive while it runs; a duplicate delivery finds the lease taken and does
+nothing. A lease names its holder (the machine, the process and its start time), so a
+redelivery after its worker died takes the lease over at once instead of waiting for it
+to expire: recovery follows the death, not the lease. Only a holder that is provably
+gone is taken over (a process of this machine that no longer runs; or one whose parent
+saw it die and released its leases), so two live workers never run one step.
+
+Each delivery that may run the step counts an attempt, so a step that keeps killing its
+worker is given up after a bounded number. None of this costs a Postgres commit; if
+Redis loses it, the worst case is a step run once more, whose result the journal
+refuses (first writer wins) and whose side effects the idempotency key guards.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
 import redis
 
+log = logging.getLogger(__name__)
+
 ATTEMPTS_TTL = 7 * 24 * 3600
+SEP = "|"
 
 
 def _lease_key(run_id: str, step: str) -> str:
@@ -23,19 +40,36 @@ def _attempts_key(run_id: str, step: str) -> str:
     return f"agent_jobs:attempts:{run_id}:{step}"
 
 
-# Refresh or release a lease only while it is still ours.
-_REFRESH = """
+# Take the lease if it is free; else say who holds it.
+_TAKE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return redis.call('get', KEYS[1])
+"""
+# Take over a lease whose holder is gone, if it is still that holder's.
+_TAKE_OVER = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
 end
 return 0
 """
-# Take the lease if free, and count the attempt, in one round trip.
-_ACQUIRE = """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local attempt = redis.call('incr', KEYS[2])
-  redis.call('expire', KEYS[2], ARGV[3])
-  return attempt
+_COUNT = """
+local attempt = redis.call('incr', KEYS[1])
+redis.call('expire', KEYS[1], ARGV[1])
+return attempt
+"""
+# Keep a lease alive while it is ours; take it back if Redis lost it (restarted empty,
+# flushed), so a step that still runs stays visible as running.
+_REFRESH = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+if not holder then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 2
 end
 return 0
 """
@@ -45,41 +79,153 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Release a lease held by a process that died (its parent saw it).
+_RELEASE_DEAD = """
+local holder = redis.call('get', KEYS[1])
+if holder and string.sub(holder, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+@cache
+def this_machine() -> str:
+    """Names the machine and process namespace: equal for processes that see each other's
+    pids (a fork inherits it)."""
+    host = socket.gethostname().replace(SEP, "_")
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        # No /proc: no other process can be checked, and none is ever taken over.
+        return f"{host}:{uuid.uuid4().hex}"
+    return f"{host}:{boot}:{namespace}"
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+
+
+def _start_time(pid: int) -> str:
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else "?"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The process that holds a lease."""
+
+    machine: str
+    pid: int
+    started: str
+    token: str
+
+    def __str__(self) -> str:
+        return SEP.join((self.machine, str(self.pid), self.started, self.token))
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> Holder | None:
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        parts = text.split(SEP)
+        if len(parts) != 4 or not parts[1].isdigit():
+            return None
+        return cls(parts[0], int(parts[1]), parts[2], parts[3])
+
+    @classmethod
+    def me(cls) -> Holder:
+        """A new holder for this process (each acquisition has its own token)."""
+        pid = os.getpid()
+        return cls(this_machine(), pid, _start_time(pid), uuid.uuid4().hex)
+
+    def gone(self) -> bool:
+        """True only when this process is provably not running any more."""
+        if self.machine != this_machine():
+            return False  # another machine's: its parent releases it, or it expires
+        fields = _stat(self.pid)
+        if fields is None:
+            return True
+        if fields[0] in ("Z", "X"):  # killed, waiting to be reaped
+            return True
+        return len(fields) > 19 and fields[19] != self.started  # the pid was reused
+
+
+def holder_prefix(machine: str, pid: int) -> str:
+    """What every lease of process `pid` on `machine` starts with."""
+    return f"{machine}{SEP}{pid}{SEP}"
 
 
 class Leases:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._acquire = client.register_script(_ACQUIRE)
+        self._take = client.register_script(_TAKE)
+        self._take_over = client.register_script(_TAKE_OVER)
+        self._count = client.register_script(_COUNT)
         self._refresh = client.register_script(_REFRESH)
         self._release = client.register_script(_RELEASE)
+        self._release_dead = client.register_script(_RELEASE_DEAD)
 
     @classmethod
     def from_url(cls, url: str) -> Leases:
         return cls(redis.Redis.from_url(url))
 
-    def acquire(self, run_id: str, step: str, token: str, seconds: float) -> int | None:
-        """Take the lease and count an attempt; None when another delivery holds it."""
-        attempt = self._acquire(
-            keys=[_lease_key(run_id, step), _attempts_key(run_id, step)],
-            args=[token, _ms(seconds), ATTEMPTS_TTL],
+    def take(self, run_id: str, step: str, holder: Holder, seconds: float) -> bool:
+        """Take the step's lease; or take it over from a holder that is gone. False
+        while a live delivery (or one that cannot be proved dead) holds it."""
+        key = _lease_key(run_id, step)
+        got = self._take(keys=[key], args=[str(holder), _ms(seconds)])
+        if got == 1:
+            return True
+        current = Holder.parse(got) if got is not None else None
+        if current is None or not current.gone():
+            return False
+        if not self._take_over(keys=[key], args=[got, str(holder), _ms(seconds)]):
+            return False  # another delivery took it over first
+        log.info(
+            "took over the lease of %s of run %s from process %d, which is gone",
+            step,
+            run_id,
+            current.pid,
         )
-        return int(attempt) or None
+        return True
 
-    def refresh(self, run_id: str, step: str, token: str, seconds: float) -> bool:
-        return bool(self._refresh(keys=[_lease_key(run_id, step)], args=[token, _ms(seconds)]))
+    def count_attempt(self, run_id: str, step: str) -> int:
+        """Count one more delivery that runs the step; returns its attempt number."""
+        return int(self._count(keys=[_attempts_key(run_id, step)], args=[ATTEMPTS_TTL]))
 
-    def release(self, run_id: str, step: str, token: str) -> None:
-        self._release(keys=[_lease_key(run_id, step)], args=[token])
+    def refresh(self, run_id: str, step: str, holder: Holder, seconds: float) -> bool:
+        """Keep the lease alive; False when another delivery holds it now."""
+        return bool(
+            self._refresh(keys=[_lease_key(run_id, step)], args=[str(holder), _ms(seconds)])
+        )
+
+    def release(self, run_id: str, step: str, holder: Holder) -> None:
+        self._release(keys=[_lease_key(run_id, step)], args=[str(holder)])
+
+    def release_dead(self, run_id: str, step: str, machine: str, pid: int) -> bool:
+        """Release the step's lease if the dead process `pid` of `machine` held it."""
+        prefix = holder_prefix(machine, pid)
+        return bool(self._release_dead(keys=[_lease_key(run_id, step)], args=[prefix]))
 
     def held(self, run_id: str, steps: list[str]) -> set[str]:
-        """Which of the run's steps some delivery is running now."""
+        """Which of the run's steps a delivery that may still live is running now."""
         if not steps:
             return set()
         pipe = self.client.pipeline(transaction=False)
         for step in steps:
-            pipe.exists(_lease_key(run_id, step))
-        return {step for step, live in zip(steps, pipe.execute(), strict=True) if live}
+            pipe.get(_lease_key(run_id, step))
+        held = set()
+        for step, value in zip(steps, pipe.execute(), strict=True):
+            if value is None:
+                continue
+            holder = Holder.parse(value)
+            if holder is None or not holder.gone():
+                held.add(step)
+        return held
 
 
 def _ms(seconds: float) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,19 +19,33 @@ class RedisStreams:
     """Bounded (MAXLEN ~) streams that expire a while after the run ends.
 
     Writing is best effort: the journal in Postgres is the truth, and a run must not
-    fail because its live view could not be written.
+    fail because its live view could not be written. After a failed write, frames are
+    dropped for `pause` seconds instead of each waiting on a Redis that is down.
     """
 
-    def __init__(self, client: redis.Redis, *, maxlen: int = 10_000, ttl: int = 3600) -> None:
+    def __init__(
+        self, client: redis.Redis, *, maxlen: int = 10_000, ttl: int = 3600, pause: float = 1.0
+    ) -> None:
         self.client = client
         self.maxlen = maxlen
         self.ttl = ttl
+        self.pause = pause
+        self._down_until = 0.0
+
+    def _writable(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, what: str, stream_id: str, exc: Exception) -> None:
+        log.warning("could not write %s of run %s: %s", what, stream_id, exc)
+        self._down_until = time.monotonic() + self.pause
 
     @classmethod
     def from_url(cls, url: str, *, maxlen: int = 10_000, ttl: int = 3600) -> RedisStreams:
         return cls(redis.Redis.from_url(url), maxlen=maxlen, ttl=ttl)
 
     def append(self, stream_id: str, frame: Frame) -> str:
+        if not self._writable():
+            return ""
         try:
             entry = self.client.xadd(
                 stream_key(stream_id),
@@ -39,13 +54,13 @@ class RedisStreams:
                 approximate=True,
             )
         except redis.RedisError as exc:
-            log.warning(
-                "could not write a %s frame of run %s: %s", frame.get("type"), stream_id, exc
-            )
+            self._failed(f"a {frame.get('type')} frame", stream_id, exc)
             return ""
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
     def append_many(self, stream_id: str, frames: list[Frame]) -> None:
+        if not self._writable():
+            return
         pipe = self.client.pipeline(transaction=False)
         for frame in frames:
             pipe.xadd(
@@ -57,7 +72,7 @@ class RedisStreams:
         try:
             pipe.execute()
         except redis.RedisError as exc:
-            log.warning("could not write %d frames of run %s: %s", len(frames), stream_id, exc)
+            self._failed(f"{len(frames)} frames", stream_id, exc)
 
     def end(self, stream_id: str) -> None:
         try:

@@ -7,6 +7,7 @@ from kombu import Exchange, Queue
 
 from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.settings import Settings, get_settings
+from agent_jobs.transport import transport_for
 
 from . import logs
 
@@ -17,7 +18,10 @@ def create_app(settings: Settings | None = None) -> Celery:
     """Build the worker's Celery app. Opens no connection: that waits for the worker."""
     settings = settings or get_settings()
     logs.install()
-    app = Celery("agent_jobs", broker=settings.broker_url or DEFAULT_BROKER, set_as_current=True)
+    broker = settings.broker_url or DEFAULT_BROKER
+    app = Celery("agent_jobs", broker=broker, set_as_current=True)
+    if (transport := transport_for(broker)) is not None:
+        app.conf.broker_transport = transport  # kombu's, guarded against a worker crash
     hard_limit = settings.step_time_limit
     # JSON only (nothing that crosses the broker can execute code when decoded), one
     # queue on the anonymous exchange; and the queue plain Celery clients send to.
@@ -36,7 +40,11 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A step that runs when the broker connection drops goes on to its end: its
+        # result goes to Postgres, its lease is kept (and taken back if Redis lost it),
+        # and a duplicate delivery finds the lease. Cancelling it would throw the work
+        # away and leave the step to the sweep, its message gone with a restarted Redis.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_time_limit=hard_limit,
         task_soft_time_limit=max(1.0, hard_limit - 5),
         # Redis hands an unacknowledged message to another worker after this long; it

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import redis
 from celery import Celery, current_app
 from celery.signals import worker_process_init
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from agent_jobs.app import load_app
 from agent_jobs.dispatch import CeleryDispatcher
@@ -39,7 +41,15 @@ def runtime(celery: Celery) -> Runtime:
         if _runtime is None or _pid != os.getpid():
             settings = get_settings()
             redis_url = settings.effective_redis_url or DEFAULT_BROKER
-            redis_client = redis.Redis.from_url(redis_url)
+            # Leases and live frames: a Redis that is down must cost a step little time
+            # (redis-py's default retries wait up to ~10 s on every call).
+            redis_client = redis.Redis.from_url(
+                redis_url,
+                socket_connect_timeout=2,
+                socket_timeout=10,
+                retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2),
+                health_check_interval=30,
+            )
             runner = DurableRunner(
                 load_app(settings.app),
                 Store.from_url(settings.database_url, auto_upgrade=False),

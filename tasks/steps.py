@@ -11,6 +11,7 @@ from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, 
 from agent_jobs.errors import AgentJobsError, RetryLater
 from agent_jobs.runners.common import RunRequest
 
+from .base import AgentJobsTask
 from .runtime import runtime
 
 # A database connection that died is dropped from the pool when it fails; the task is
@@ -18,7 +19,14 @@ from .runtime import runtime
 TRANSIENT = (OperationalError, InterfaceError)
 
 
-@shared_task(name=START_RUN, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
+@shared_task(
+    base=AgentJobsTask,
+    name=START_RUN,
+    bind=True,
+    autoretry_for=TRANSIENT,
+    retry_backoff=1,
+    max_retries=8,
+)
 def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     """Start a run from another service's kwargs (CONTRACT §3); its id defaults to ours."""
     if args:
@@ -34,31 +42,60 @@ def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     return f"{run_id} {runner.coordinate(run_id)}"
 
 
-@shared_task(name=COORDINATE, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
+@shared_task(
+    base=AgentJobsTask,
+    name=COORDINATE,
+    bind=True,
+    autoretry_for=TRANSIENT,
+    retry_backoff=1,
+    max_retries=8,
+)
 def coordinate(self: Task[Any, str], run_id: str) -> str:
     """Re-drive a run: replay its journal, schedule what is missing, suspend."""
     return f"{run_id} {runtime(self.app).runner.coordinate(run_id)}"
 
 
-@shared_task(name=MODEL_TURN, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
+@shared_task(
+    base=AgentJobsTask,
+    name=MODEL_TURN,
+    bind=True,
+    autoretry_for=TRANSIENT,
+    retry_backoff=1,
+    max_retries=8,
+)
 def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
     """Call the model for one step of a run, streaming its text to the run's stream."""
     runner = runtime(self.app).runner
     try:
-        return f"{run_id} {runner.execute_step(run_id, step, retries=self.request.retries)}"
+        outcome = runner.execute_step(run_id, step, task=MODEL_TURN, retries=self.request.retries)
+        return f"{run_id} {outcome}"
     except RetryLater as later:
         # The request-error waterfall asked for a retry: Celery's countdown waits, no
         # worker sleeps.
         raise self.retry(countdown=later.delay, max_retries=None) from None
 
 
-@shared_task(name=INVOKE_TOOL, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
+@shared_task(
+    base=AgentJobsTask,
+    name=INVOKE_TOOL,
+    bind=True,
+    autoretry_for=TRANSIENT,
+    retry_backoff=1,
+    max_retries=8,
+)
 def invoke_tool(self: Task[Any, str], run_id: str, step: str) -> str:
     """Invoke one tool call of a run."""
-    return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step)}"
+    return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step, task=INVOKE_TOOL)}"
 
 
-@shared_task(name=SWEEP, bind=True, autoretry_for=TRANSIENT, retry_backoff=1, max_retries=8)
+@shared_task(
+    base=AgentJobsTask,
+    name=SWEEP,
+    bind=True,
+    autoretry_for=TRANSIENT,
+    retry_backoff=1,
+    max_retries=8,
+)
 def sweep(self: Task[Any, str]) -> str:
     """Re-drive runs that made no progress for a while (Celery beat runs this)."""
     return f"re-drove {runtime(self.app).runner.sweep()} runs"

@@ -14,7 +14,7 @@ from agent_jobs.store import Store
 from . import apps
 from .conftest import SESSION_QUEUE, truncate_all
 from .redis_server import RedisServer
-from .workers import Process, service_env, start_beat, start_worker
+from .workers import DEFAULT_QUEUES, Process, service_env, start_beat, start_worker
 
 FAST_RECOVERY = {
     "AGENT_JOBS_STEP_LEASE": "1.5",
@@ -42,8 +42,10 @@ class Cluster:
         env = FAST_RECOVERY | {"AGENT_JOBS_QUEUE": SESSION_QUEUE} | extra
         return service_env(self.broker, self.pg_url, **env)
 
-    def worker(self, concurrency: int = 2, **extra: str) -> Process:
-        proc = start_worker(self.env(**extra), concurrency=concurrency)
+    def worker(
+        self, concurrency: int = 2, queues: str | None = DEFAULT_QUEUES, **extra: str
+    ) -> Process:
+        proc = start_worker(self.env(**extra), concurrency=concurrency, queues=queues)
         self.procs.append(proc)
         return proc
 

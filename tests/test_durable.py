@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from agent_jobs import session
-from agent_jobs.dispatch import MODEL_TURN
+from agent_jobs.dispatch import INVOKE_TOOL, MODEL_TURN
 from agent_jobs.leases import Leases
 from agent_jobs.redis_streams import RedisStreams
 from agent_jobs.runners.common import RunRequest
@@ -341,3 +341,80 @@ def test_a_step_that_keeps_killing_its_worker_becomes_a_dead_letter(cluster: Clu
     assert executed(run_id).count(("crash", f"{run_id}:tool:call_1")) == 3
     step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
     assert step["state"] == "failed"
+
+
+def test_a_duplicate_that_waited_for_the_lease_does_not_run_the_step_again(local: Any) -> None:
+    """Force the interleaving: a duplicate delivery gets as far as the lease, then waits
+    while the first delivery runs the step, records it and lets the lease go."""
+    runner, _ = local
+    run_id = _new_run(runner, "w1", "dup-after-lease")
+    runner.coordinate(run_id)  # schedules model:1
+    at_lease = threading.Event()
+    first_done = threading.Event()
+
+    def pause(rid: str, step: str) -> None:
+        if threading.current_thread().name == "duplicate":
+            at_lease.set()
+            assert first_done.wait(10)
+
+    runner.before_lease = pause
+    outcomes: list[str] = []
+    duplicate = threading.Thread(
+        target=lambda: outcomes.append(runner.execute_step(run_id, "model:1", task=MODEL_TURN)),
+        name="duplicate",
+    )
+    duplicate.start()
+    assert at_lease.wait(10)
+    first = runner.execute_step(run_id, "model:1", task=MODEL_TURN)
+    first_done.set()
+    duplicate.join(10)
+
+    assert first.startswith("model:1 done")
+    assert outcomes == ["model:1 already done"]
+    assert executed(run_id).count(("model", "model:1")) == 1
+    row = {j["step"]: j for j in runner.store.journal(run_id)}["model:1"]
+    assert row["state"] == "done" and row["attempts"] == 1
+
+
+def test_forged_step_tasks_change_nothing(local: Any) -> None:
+    """Step tasks naming a step that is no remote step in flight, or one of another kind,
+    return at once: no attempt is counted, nothing is marked failed."""
+    runner, recorder = local
+    run_id = _new_run(runner, "gated", "forged")
+    runner.coordinate(run_id)
+    for _ in range(20):  # drive the run to its approval with the steps it sent
+        for task, step in list(recorder.sent):
+            runner.execute_step(run_id, step, task=task)
+        if runner.store.get_run(run_id).status == "awaiting_approval":
+            break
+    assert runner.store.get_run(run_id).status == "awaiting_approval"
+
+    forged = [
+        (INVOKE_TOOL, "approval:call_2"),  # a human wait, not a remote step
+        (MODEL_TURN, "tool:call_1"),  # a finished step, and of the other kind
+        (INVOKE_TOOL, "model:1"),
+        (INVOKE_TOOL, "tool:nope"),  # no such step
+        (INVOKE_TOOL, "persist:user"),  # a local step
+    ]
+    for _ in range(5):
+        for task, step in forged:
+            assert not runner.execute_step(run_id, step, task=task).startswith(step + " failed")
+    journal = {j["step"]: j for j in runner.store.journal(run_id)}
+    assert journal["approval:call_2"]["state"] == "waiting"
+    assert journal["approval:call_2"]["attempts"] == 0
+
+    # A valid approval then moves the run on to its end.
+    with runner.store.begin() as conn:
+        from agent_jobs.approvals import record_decision
+        from agent_jobs.hooks import Decision
+
+        record_decision(
+            conn, apps.app, run_id, "call_2", Decision(decision="approve", actor="alice")
+        )
+    for _ in range(20):
+        runner.coordinate(run_id)
+        for task, step in list(recorder.sent):
+            runner.execute_step(run_id, step, task=task)
+        if runner.store.get_run(run_id).finished:
+            break
+    assert runner.store.get_run(run_id).status == "completed"

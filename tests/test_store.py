@@ -118,18 +118,73 @@ def test_journal_first_writer_wins(store: Store) -> None:
 def test_leases_admit_one_delivery_and_count_attempts(redis_url: str) -> None:
     import uuid
 
-    from agent_jobs.leases import Leases
+    from agent_jobs.leases import Holder, Leases
 
     leases = Leases.from_url(redis_url)
     run = uuid.uuid4().hex
-    assert leases.acquire(run, "tool:a", "t1", 30) == 1
-    assert leases.acquire(run, "tool:a", "t2", 30) is None  # a duplicate delivery
+    first, second, third = Holder.me(), Holder.me(), Holder.me()
+    assert leases.take(run, "tool:a", first, 30)
+    assert leases.count_attempt(run, "tool:a") == 1
+    assert not leases.take(run, "tool:a", second, 30)  # a duplicate: this process lives
     assert leases.held(run, ["tool:a", "tool:b"]) == {"tool:a"}
-    assert not leases.refresh(run, "tool:a", "t2", 30)  # not its lease
-    leases.release(run, "tool:a", "t2")
+    assert not leases.refresh(run, "tool:a", second, 30)  # not its lease
+    leases.release(run, "tool:a", second)
     assert leases.held(run, ["tool:a"]) == {"tool:a"}
-    leases.release(run, "tool:a", "t1")
-    assert leases.acquire(run, "tool:a", "t3", 30) == 2  # a redelivery counts
+    leases.release(run, "tool:a", first)
+    assert leases.take(run, "tool:a", third, 30)
+    assert leases.count_attempt(run, "tool:a") == 2  # a redelivery counts
+    # Redis lost the lease (restarted empty): its holder takes it back while it runs.
+    leases.client.delete(f"agent_jobs:lease:{run}:tool:a")
+    assert leases.refresh(run, "tool:a", third, 30)
+    assert not leases.take(run, "tool:a", first, 30)
+    leases.client.close()
+
+
+def test_a_lease_of_a_dead_process_is_taken_over_and_only_then(redis_url: str) -> None:
+    import dataclasses
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from agent_jobs.leases import Holder, Leases, this_machine
+
+    leases = Leases.from_url(redis_url)
+    run = uuid.uuid4().hex
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me = Holder.me()
+        theirs = dataclasses.replace(Holder.me(), pid=child.pid)
+        from agent_jobs.leases import _start_time
+
+        theirs = dataclasses.replace(theirs, started=_start_time(child.pid))
+        assert leases.take(run, "tool:a", theirs, 30)
+        assert not leases.take(run, "tool:a", me, 30)  # it still runs
+        child.kill()  # a zombie until reaped: already gone
+        deadline = time.monotonic() + 5
+        while not theirs.gone():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert leases.held(run, ["tool:a"]) == set()
+        assert leases.take(run, "tool:a", me, 30)
+        assert not leases.refresh(run, "tool:a", theirs, 30)
+    finally:
+        child.kill()
+        child.wait()
+    # A holder on another machine is never taken over: it may be alive.
+    elsewhere = dataclasses.replace(Holder.me(), machine="elsewhere:x:1", pid=child.pid)
+    assert leases.take(run, "tool:b", elsewhere, 30)
+    assert not leases.take(run, "tool:b", Holder.me(), 30)
+    # A pid of this machine that now names another process (reused): gone.
+    reused = dataclasses.replace(Holder.me(), started="1")
+    assert leases.take(run, "tool:c", reused, 30)
+    assert leases.take(run, "tool:c", Holder.me(), 30)
+    # The parent of a dead process releases its leases, and no one else's.
+    dead = dataclasses.replace(Holder.me(), pid=child.pid)
+    assert leases.take(run, "tool:d", dead, 30)
+    assert not leases.release_dead(run, "tool:d", this_machine(), child.pid + 1)
+    assert leases.release_dead(run, "tool:d", this_machine(), child.pid)
+    assert leases.held(run, ["tool:d"]) == set()
     leases.client.close()
 
 

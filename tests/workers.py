@@ -113,8 +113,13 @@ def worker(
     return Process([*args, f"--queues={queues}"] if queues else args, env, name)
 
 
-def start_worker(env: dict[str, str], concurrency: int = 2, name: str = "worker") -> Process:
-    return worker(env, concurrency, name).start(ready="ready.")
+def start_worker(
+    env: dict[str, str],
+    concurrency: int = 2,
+    name: str = "worker",
+    queues: str | None = DEFAULT_QUEUES,
+) -> Process:
+    return worker(env, concurrency, name, queues).start(ready="ready.")
 
 
 def start_beat(env: dict[str, str], tmp: Path) -> Process:

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+import redis
 from sqlalchemy import Connection, and_, exists, select
 from sqlalchemy.exc import DBAPIError
 
 from .. import diagnostics, session
 from ..app import AgentApp
 from ..approvals import answers_step, approval_step, decision_from_call
-from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher
+from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher, ResendingDispatcher
 from ..errors import (
     AgentJobsError,
     ModelError,
@@ -49,7 +49,7 @@ from ..hooks import (
     StepCall,
     TurnSink,
 )
-from ..leases import Leases
+from ..leases import Holder, Leases
 from ..loop import run_agent_loop
 from ..settings import Settings
 from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
@@ -301,6 +301,25 @@ class DurableHooks(LoopHooks):
         return True
 
 
+def _refusal(row: Any, step: str, task: str) -> str | None:
+    """Why a step task must leave this journal row alone, or None to run it."""
+    if row is None:
+        return f"unknown step {step}"
+    if row.run_status in run_rows.TERMINAL:
+        return f"run already {row.run_status}"
+    if row.state in ("done", "failed"):
+        return f"{step} already {row.state}"
+    if row.state not in IN_FLIGHT:
+        return f"{step} is {row.state}, not a remote step"
+    try:
+        kind = task_for(parse_intent(row.intent))
+    except (TypeError, ValueError):
+        return f"{step} is not a remote step"
+    if kind != task:
+        return f"{step} is carried out by {kind}, not {task}"
+    return None
+
+
 @dataclass(frozen=True)
 class _Marker:
     """A row written during this pass, as later calls of the same pass see it."""
@@ -336,12 +355,20 @@ class DurableRunner:
     ) -> None:
         self.app = app
         self.store = store
-        self.dispatcher = dispatcher
+        # Every send here follows a commit: a broker outage must delay the run, never
+        # fail it (the run's step is safely `scheduled` in Postgres).
+        self.dispatcher = (
+            dispatcher
+            if isinstance(dispatcher, ResendingDispatcher)
+            else ResendingDispatcher(dispatcher)
+        )
         self.streams = streams
         self.settings = settings
         self.leases = leases
-        # Test seam: called with the run id after the journal is loaded, lock held.
+        # Test seams: after the journal is loaded, the run's lock held; and before a
+        # step task takes the step's lease.
         self.before_replay: Callable[[str], None] | None = None
+        self.before_lease: Callable[[str, str], None] | None = None
         diagnostics.set_enabled(settings.diagnostics)
 
     # --- starting ----------------------------------------------------------------------
@@ -488,27 +515,32 @@ class DurableRunner:
 
     # --- step tasks --------------------------------------------------------------------
 
-    def execute_step(self, run_id: str, step: str, *, retries: int = 0) -> str:
+    def execute_step(self, run_id: str, step: str, *, task: str, retries: int = 0) -> str:
         """Carry out one remote step, then write its result and re-drive the run at once.
 
-        `retries` is how often the step was deliberately retried (Celery's count). A
-        model error the waterfall wants retried raises `RetryLater`: the task adapter
-        hands it to Celery's retry countdown, so no worker sleeps.
+        `task` is the Celery task that delivered it: a step task acts only on a remote
+        step in flight whose intent is of its kind, so a forged or stray task changes
+        nothing and counts no attempt. `retries` is how often the step was deliberately
+        retried (Celery's count). A model error the waterfall wants retried raises
+        `RetryLater`: the task adapter hands it to Celery's retry countdown, so no
+        worker sleeps.
         """
-        with self.store.connect() as conn:
-            row = journal_rows.get_with_run(conn, run_id, step)
-        if row is None:
-            return f"unknown step {step}"
-        if row.run_status in run_rows.TERMINAL:
-            return f"run already {row.run_status}"
-        if row.state in ("done", "failed"):
-            return f"{step} already {row.state}"
         settings = self.settings
-        token = uuid.uuid4().hex
-        attempt = self.leases.acquire(run_id, step, token, settings.step_lease)
-        if attempt is None:
+        holder = Holder.me()
+        if self.before_lease is not None:
+            self.before_lease(run_id, step)
+        # The lease first, then the step's state: a duplicate that read the state before
+        # the first delivery finished would otherwise run the step again once the lease
+        # is free.
+        if not self.leases.take(run_id, step, holder, settings.step_lease):
             return f"{step} already running"  # a duplicate delivery
         try:
+            with self.store.connect() as conn:
+                row = journal_rows.get_with_run(conn, run_id, step)
+            refused = _refusal(row, step, task)
+            if refused is not None:
+                return refused
+            attempt = self.leases.count_attempt(run_id, step)
             # Deliberate retries do not count against the attempts a crashing step gets.
             if attempt > settings.step_max_attempts + retries:
                 completion = Completion(
@@ -521,7 +553,7 @@ class DurableRunner:
                     attempt=attempt - 1,
                 )
             else:
-                completion = self._run_step(row, step, token, attempt, retries)
+                completion = self._run_step(row, step, holder, attempt, retries)
             return f"{step} {completion.state}; {self.coordinate(run_id, completion)}"
         except RetryLater as later:
             with self.store.begin() as conn:
@@ -531,9 +563,14 @@ class DurableRunner:
                 event_rows.append(conn, [later.event])
             raise
         finally:
-            self.leases.release(run_id, step, token)
+            try:
+                self.leases.release(run_id, step, holder)
+            except redis.RedisError as exc:  # it expires; the step's outcome is recorded
+                log.warning("could not release the lease of %s/%s: %s", run_id, step, exc)
 
-    def _run_step(self, row: Any, step: str, token: str, attempt: int, retries: int) -> Completion:
+    def _run_step(
+        self, row: Any, step: str, holder: Holder, attempt: int, retries: int
+    ) -> Completion:
         run_id = row.run_id
         stream = RunStream(self.streams, row.root_run_id, run_id)
         # Tag the step's frames, so a reader can tell attempts apart even if they overlap.
@@ -544,7 +581,7 @@ class DurableRunner:
         env = StepEnv(app=self.app, stream=stream)
         intent = parse_intent(row.intent)
         started = utcnow()
-        with self._heartbeat(run_id, step, token, attempt, started):
+        with self._heartbeat(run_id, step, holder, attempt, started):
             try:
                 result = dump(execute_remote(intent, env, step))
             except ModelError as failure:
@@ -599,7 +636,7 @@ class DurableRunner:
 
     @contextmanager
     def _heartbeat(
-        self, run_id: str, step: str, token: str, attempt: int, started: datetime
+        self, run_id: str, step: str, holder: Holder, attempt: int, started: datetime
     ) -> Iterator[None]:
         """While the step runs: keep its lease alive, and show it `started` once it
         has run for a moment (short steps go from scheduled to done in one commit)."""
@@ -610,8 +647,12 @@ class DurableRunner:
         def keep() -> None:
             while not stop.wait(beat):
                 try:
-                    if not self.leases.refresh(run_id, step, token, lease):
-                        return
+                    if not self.leases.refresh(run_id, step, holder, lease):
+                        return  # another delivery holds it now
+                except redis.RedisError as exc:
+                    log.warning("could not renew the lease of %s/%s: %s", run_id, step, exc)
+                # Postgres too: while Redis is away, this keeps the sweep off the step.
+                try:
                     with self.store.begin() as conn:
                         journal_rows.mark_started(
                             conn, run_id, step, attempt=attempt, started_at=started, lease=lease

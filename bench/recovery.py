@@ -1,0 +1,142 @@
+"""How fast a step whose worker died runs again: SIGKILL to the step's next start.
+
+    .venv/bin/python -m bench.recovery [--repeat 3]
+
+With the shipped settings (lease 30 s, sweep every 30 s, stale after 60 s), on a
+database and a `redis-server` of its own:
+
+- child: the pool process running a tool step is SIGKILLed; its worker lives on, and
+  Celery hands the message back (`task_reject_on_worker_lost`).
+- worker: the whole worker (main process and pool) is SIGKILLed while a second worker
+  is up; nothing hands the message back, the sweep finds the step.
+
+Each figure is the time from the SIGKILL to the step's next start, as the tool itself
+records it in the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent_jobs.client import Client  # noqa: E402
+from agent_jobs.dispatch import CeleryDispatcher, celery_client  # noqa: E402
+from agent_jobs.settings import Settings  # noqa: E402
+from agent_jobs.store import Store  # noqa: E402
+from bench.durable import fresh_database  # noqa: E402
+from tests import apps  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
+from tests.workers import Process, service_env, start_beat, start_worker  # noqa: E402
+
+
+def starts(run_id: str) -> list[tuple[int, float]]:
+    """(pid, time) of each start of the run's `held` step."""
+    with apps.side_engine().connect() as conn:
+        rows = conn.execute(
+            select(apps.executions.c.what, apps.executions.c.at)
+            .where(apps.executions.c.run_id == run_id)
+            .where(apps.executions.c.what.like("held:start:%"))
+            .order_by(apps.executions.c.id)
+        ).all()
+    return [(int(r.what.rsplit(":", 1)[1]), r.at.timestamp()) for r in rows]
+
+
+def wait_starts(run_id: str, n: int, timeout: float) -> list[tuple[int, float]]:
+    deadline = time.monotonic() + timeout
+    while len(found := starts(run_id)) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"run {run_id}: the step did not start {n} times in {timeout}s")
+        time.sleep(0.02)
+    return found
+
+
+def one(client: Client, kill: str, workers: list[Process], timeout: float) -> float:
+    run_id = client.enqueue_run("held", "go", actor="bench")
+    pid, _ = wait_starts(run_id, 1, 60)[0]
+    time.sleep(0.3)
+    killed_at = time.time()
+    if kill == "child":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        victim = next(w for w in workers if w.proc is not None and _owns(w.proc.pid, pid))
+        victim.kill()
+        workers.remove(victim)
+    _, again = wait_starts(run_id, 2, timeout)[1]
+    if client.wait(run_id, timeout=60).status != "completed":
+        raise SystemExit(f"run {run_id} did not complete")
+    return again - killed_at
+
+
+def _owns(parent: int, pid: int) -> bool:
+    if parent == pid:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--timeout", type=float, default=150)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    url = fresh_database(args.pg, "agent_jobs_bench_recovery")
+    server = RedisServer().start()
+    broker = server.url(0)
+    os.environ["AGENT_JOBS_DATABASE_URL"] = url
+    store = Store.from_url(url)
+    celery = celery_client(broker)
+    settings = Settings(broker_url=broker, database_url=url)
+    client = Client(store, apps.app, settings, CeleryDispatcher(celery))
+    env = service_env(broker, url)
+    env["PYTHONPATH"] = str(ROOT)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    procs: list[Process] = [start_beat(env, tmp)]
+    figures: dict[str, Any] = {}
+    try:
+        workers = [start_worker(env, concurrency=2, name="a")]
+        procs.extend(workers)
+        figures["child"] = [one(client, "child", workers, args.timeout) for _ in range(args.repeat)]
+        figures["worker"] = []
+        for i in range(args.repeat):
+            spare = start_worker(env, concurrency=2, name=f"spare{i}")
+            procs.append(spare)
+            workers.append(spare)
+            figures["worker"].append(one(client, "worker", workers, args.timeout))
+    finally:
+        for proc in procs:
+            proc.kill()
+        celery.close()
+        store.engine.dispose()
+        server.close()
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return
+    for kind, values in figures.items():
+        shown = ", ".join(f"{v:.1f}" for v in values)
+        median = statistics.median(values)
+        print(f"{kind} killed: step ran again after {shown} s (median {median:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
