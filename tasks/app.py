@@ -10,6 +10,7 @@ from agent_jobs.settings import Settings, get_settings
 from agent_jobs.transport import transport_for
 
 from . import logs
+from .reaper import ReapDeadProcesses
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
 
@@ -39,6 +40,9 @@ def create_app(settings: Settings | None = None) -> Celery:
         # A task is acknowledged when it ends, and requeued if its worker dies.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # Celery waits this long for the result of a pool process that died before it
+        # hands the message back; ours is in Postgres already, or never came.
+        worker_lost_wait=1.0,
         worker_prefetch_multiplier=1,
         # A step that runs when the broker connection drops goes on to its end: its
         # result goes to Postgres, its lease is kept (and taken back if Redis lost it),
@@ -60,5 +64,6 @@ def create_app(settings: Settings | None = None) -> Celery:
             "agent-jobs-sweep": {"task": SWEEP, "schedule": settings.sweep_interval},
         },
     )
+    app.steps["worker"].add(ReapDeadProcesses)
     app.autodiscover_tasks(["tasks"], related_name="steps", force=True)
     return app

@@ -41,7 +41,7 @@ def wait_starts(run_id: str, n: int, timeout: float) -> list[tuple[int, float]]:
 def test_a_step_whose_process_was_killed_runs_again_within_seconds(cluster: Cluster) -> None:
     cluster.worker(concurrency=2, **SHIPPED)
     cluster.worker(concurrency=2, **SHIPPED)  # the redelivery may go to either worker
-    for _ in range(3):
+    for _ in range(5):
         run_id = cluster.client.enqueue_run("held", "go", actor="user-7")
         pid, _ = wait_starts(run_id, 1, 30)[0]
         time.sleep(0.3)
