@@ -33,10 +33,14 @@ def record_decision(
 ) -> Recorded:
     """Check and record `decision` in the caller's transaction.
 
-    Raises `UnknownRunError`, `UnknownCallError` or `DecisionRefusedError` (nothing is
+    Raises `UnknownRunError`, `UnknownCallError` or `DecisionRefusedError` (an actor
+    without an approver role, arguments that changed, a run that has ended; nothing is
     written then). Returns "already_decided" when another decision came first.
     """
-    if runs.get_run(conn, run_id) is None:
+    # The run's lock: a run that ends while the decision is checked ends before it or
+    # after it is recorded, never in between.
+    run = runs.get_run(conn, run_id, for_update=True)
+    if run is None:
         raise UnknownRunError(run_id)
     call = toolcalls.get_call(conn, run_id, call_id)
     if call is None:
@@ -46,6 +50,10 @@ def record_decision(
             return "already_decided"
         raise DecisionRefusedError(
             f"call {call_id} of run {run_id} is {call.status}, not waiting for a decision"
+        )
+    if run.status in runs.TERMINAL:
+        raise DecisionRefusedError(
+            f"run {run_id} has ended ({run.status}): call {call_id} can no longer be decided"
         )
     if expected_args_sha256 is not None and expected_args_sha256 != args_sha256(call.args):
         raise DecisionRefusedError(
@@ -85,15 +93,24 @@ def record_answers(
 ) -> Recorded:
     """Record a person's answers to a tool's questions; the first answers win.
 
-    Raises `UnknownRunError`, or `DecisionRefusedError` when no such question is open.
+    Raises `UnknownRunError`, or `DecisionRefusedError` when no such question is open
+    (none was asked, or the run has ended).
     """
-    if runs.get_run(conn, run_id) is None:
+    run = runs.get_run(conn, run_id, for_update=True)  # as in `record_decision`
+    if run is None:
         raise UnknownRunError(run_id)
     asked = questions.get(conn, run_id, request_id)
     if asked is None:
         raise DecisionRefusedError(f"run {run_id} asked no question {request_id!r}")
     if not isinstance(answers, dict):
         raise DecisionRefusedError("answers must be an object of question id to answer")
+    if asked.answers is not None:
+        return "already_decided"
+    if run.status in runs.TERMINAL:
+        raise DecisionRefusedError(
+            f"run {run_id} has ended ({run.status}): question {request_id} can no longer "
+            "be answered"
+        )
     if not questions.answer(conn, run_id, request_id, answers=answers, actor=actor):
         return "already_decided"
     journal.complete(
@@ -122,5 +139,17 @@ def sign(message: dict[str, Any], secret: str) -> str:
 
 
 def verify_signature(message: dict[str, Any], secret: str) -> bool:
+    """Whether `sig` is the message's signature; False, never an exception, for
+    anything a sender can put in the message."""
     sig = message.get("sig")
-    return isinstance(sig, str) and hmac.compare_digest(sig, sign(message, secret))
+    # compare_digest raises TypeError on non-ASCII text, and a hex digest is ASCII.
+    if not isinstance(sig, str) or not sig.isascii():
+        return False
+    try:
+        expected = sign(message, secret)
+    except (UnicodeEncodeError, RecursionError):
+        # A lone surrogate (JSON "\ud800") has no UTF-8 form, and JSON nested about as
+        # deep as the parser allows can be too deep to serialise again: neither can be
+        # checked, so neither is signed.
+        return False
+    return hmac.compare_digest(sig, expected)

@@ -7,8 +7,13 @@ of the same name (`XADD <channel> * message <json>`) is at-least-once: it is rea
 through a consumer group, an entry is acknowledged (and deleted) only once its decision
 is recorded or it is definitively refused, entries a dead listener left pending are
 reclaimed with XAUTOCLAIM, and an entry delivered more than a bounded number of times
-is moved to `<channel>:dead`. Every outcome is logged with its reason and counted
-(in memory and in the Redis hash `<channel>:counters`).
+is moved to `<channel>:dead`. An entry over the size limit is moved there by Redis
+itself, unread (see `approvals_stream`), and the stream is polled rather than blocked on.
+A subscription Redis drops (a message over its pub/sub output-buffer limit, a restart)
+is restored at once: what is published until then is lost, which is why the stream is
+the door for decisions that must not be. Every outcome is logged with its reason and
+counted (in memory and in the Redis hash `<channel>:counters`), and so is each lost
+subscription, as `pubsub_disconnects`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 
 import redis
 from pydantic import Field
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .approval_messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
 from .approvals import answers_step, approval_step
@@ -46,6 +53,15 @@ class ListenerSettings(SettingsBase):
     listener_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024)
     listener_health_file: str | None = None
     listener_stats_interval: float = Field(default=60.0, gt=0)
+    listener_poll_interval: float = Field(default=0.05, gt=0, le=1.0)
+
+
+BEAT_INTERVAL = 1.0
+# What one read or reclaim may bring at most: entries over `listener_max_bytes` stay in
+# Redis, so a batch of N entries costs at most N times that.
+BATCH_BYTES = 1 << 20
+READ_COUNT = 16
+RECLAIM_COUNT = 50
 
 
 @dataclass(frozen=True)
@@ -96,20 +112,29 @@ class ApprovalsListener:
         channel: str,
         secret: str | None,
         settings: ListenerSettings | None = None,
+        subscriber: redis.Redis | None = None,
     ) -> None:
+        """`subscriber` is the client the subscription uses; best without retries of
+        its own, so that a lost subscription is seen (and counted) here."""
         self.client = client
         self.redis = redis_client
+        self.subscriber = subscriber or redis_client
         self.channel = channel
         self.secret = secret
         self.settings = settings or ListenerSettings()
         consumer = self.settings.listener_consumer or f"{socket.gethostname()}-{os.getpid()}"
         self.stream = ApprovalsStream(
-            redis_client, channel, group=self.settings.listener_group, consumer=consumer
+            redis_client,
+            channel,
+            group=self.settings.listener_group,
+            consumer=consumer,
+            max_bytes=self.settings.listener_max_bytes,
         )
         self.counters = Counters(redis_client, f"{channel}:counters")
         self.subscribed = threading.Event()
         self._stop = threading.Event()
         self._decide_lock = threading.Lock()
+        self._next_beat = 0.0
 
     @classmethod
     def from_settings(
@@ -138,6 +163,11 @@ class ApprovalsListener:
             channel=settings.approvals_channel,
             secret=secret or None,
             settings=listener_settings,
+            # redis-py's own retries would reconnect (and sleep) inside get_message,
+            # unseen: the pub/sub loop does that itself, at once, and counts it.
+            subscriber=redis.Redis.from_url(
+                url, health_check_interval=30, retry=Retry(NoBackoff(), 0)
+            ),
         )
 
     # --- one message -------------------------------------------------------------------
@@ -257,7 +287,8 @@ class ApprovalsListener:
 
     def _stream_loop(self, subscriber: threading.Thread) -> None:
         settings = self.settings
-        block_ms = max(50, min(1000, int(settings.listener_claim_idle * 500)))
+        fit = max(1, BATCH_BYTES // settings.listener_max_bytes)
+        read_count, reclaim_count = min(READ_COUNT, fit), min(RECLAIM_COUNT, fit)
         next_claim = 0.0
         next_stats = time.monotonic() + settings.listener_stats_interval
         backoff = 0.5
@@ -270,15 +301,20 @@ class ApprovalsListener:
                     self.stream.ensure_group()
                     group_ready = True
                 if now >= next_claim:
-                    for entry in self.stream.reclaim(settings.listener_claim_idle):
+                    for entry in self.stream.reclaim(settings.listener_claim_idle, reclaim_count):
                         self._reclaimed(entry)
                     next_claim = now + settings.listener_claim_idle / 2
                 if now >= next_stats:
                     self.log_counters("so far")
                     next_stats = now + settings.listener_stats_interval
-                for entry in self.stream.read(block_ms):
+                entries = self.stream.read(read_count)
+                for entry in entries:
                     self._consume(entry)
                 backoff = 0.5
+                if not entries:
+                    # An idle poll is one EVALSHA that finds nothing: cheap, and it bounds
+                    # how long a new entry waits.
+                    self._stop.wait(settings.listener_poll_interval)
             except redis.RedisError as exc:
                 group_ready = False
                 if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
@@ -290,6 +326,9 @@ class ApprovalsListener:
                 backoff = min(backoff * 2, 10.0)
 
     def _reclaimed(self, entry: Entry) -> None:
+        if entry.oversized:
+            self._too_large(entry)
+            return
         if entry.deliveries <= self.settings.listener_max_deliveries:
             log.info("stream %s: reclaimed (delivery %d)", entry.id, entry.deliveries)
             self._consume(entry)
@@ -304,7 +343,18 @@ class ApprovalsListener:
             extra={"outcome": "dead_lettered", "source": "stream", "entry_id": entry.id},
         )
 
+    def _too_large(self, entry: Entry) -> None:
+        limit = self.settings.listener_max_bytes
+        detail = (
+            f"{entry.size} bytes, more than the limit of {limit}; "
+            f"moved unread to {self.stream.dead_letter}"
+        )
+        self._settled(Outcome("too_large", detail), "stream", entry.id)
+
     def _consume(self, entry: Entry) -> None:
+        if entry.oversized:  # already acknowledged, by the script that moved it
+            self._too_large(entry)
+            return
         try:
             if entry.message is None:
                 self._settled(
@@ -324,27 +374,59 @@ class ApprovalsListener:
         self.stream.ack(entry.id)
 
     def _pubsub_loop(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
-            try:
-                pubsub.subscribe(self.channel)
-                while not self._stop.is_set():
+        """Keep the channel subscribed. A lost subscription is restored at once, since
+        whatever is published meanwhile is gone; only failing attempts back off."""
+        pubsub = self.subscriber.pubsub()  # type: ignore[no-untyped-call]
+        asked = False  # once SUBSCRIBE went out, redis-py repeats it on every reconnect
+        lost = False
+        backoff = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not asked:
+                        pubsub.subscribe(self.channel)
+                        asked = True
                     message = pubsub.get_message(timeout=1.0)
-                    if message is None:
+                except redis.RedisError as exc:
+                    if self.subscribed.is_set():
+                        self.subscribed.clear()
+                        lost = True
+                        log.warning("pub/sub connection lost (%s); resubscribing now", exc)
                         continue
-                    if message["type"] == "subscribe":
-                        self.subscribed.set()
-                        backoff = 0.5
-                    elif message["type"] == "message":
-                        self._deliver(message["data"])
-            except redis.RedisError as exc:
-                self.subscribed.clear()
-                log.warning("pub/sub connection lost (%s); resubscribing in %.1fs", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-            finally:
-                pubsub.close()
+                    backoff = min(max(backoff * 2, 0.5), 10.0)
+                    log.warning(
+                        "cannot subscribe to %s (%s); retrying in %.1fs",
+                        self.channel,
+                        exc,
+                        backoff,
+                    )
+                    self._stop.wait(backoff)
+                    continue
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    # A confirmation while already subscribed: a client with retries of
+                    # its own reconnected inside get_message without telling us.
+                    if lost or self.subscribed.is_set():
+                        self._resubscribed()
+                    self.subscribed.set()
+                    lost = False
+                    backoff = 0.0
+                elif message["type"] == "message":
+                    self._deliver(message["data"])
+        finally:
+            pubsub.close()
+
+    def _resubscribed(self) -> None:
+        # Counted now rather than when it was lost: a restarted Redis would not have
+        # kept the count, and Redis may be unreachable at the moment of the loss.
+        self.counters.add("pubsub_disconnects")
+        log.warning(
+            "resubscribed to %s; what was published while the subscription was down is "
+            "lost (post it again, or use the stream)",
+            self.channel,
+            extra={"outcome": "pubsub_disconnects", "source": "pubsub"},
+        )
 
     def _deliver(self, raw: bytes) -> None:
         try:
@@ -356,7 +438,11 @@ class ApprovalsListener:
 
     def _beat(self, subscriber: threading.Thread) -> None:
         path = self.settings.listener_health_file
-        if path and subscriber.is_alive() and self.subscribed.is_set():
+        if not path or not subscriber.is_alive() or not self.subscribed.is_set():
+            return
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + BEAT_INTERVAL
             try:
                 Path(path).touch()
             except OSError as exc:
