@@ -6,6 +6,7 @@ The module-level functions use a default `Client` built from the settings
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Literal
@@ -13,13 +14,19 @@ from typing import Any, Literal
 from . import session
 from .app import AgentApp, load_app
 from .approvals import record_answers, record_decision
-from .dispatch import CeleryDispatcher, celery_client
+from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision
 from .runners.common import RunRequest, admit_run
 from .runners.common import post_message as post_to_inbox
 from .settings import Settings, get_settings
 from .store import RunView, Store
+
+log = logging.getLogger(__name__)
+
+QUEUED = "it is recorded and queued, and the sweep starts it once the broker is back"
+DECIDED = "what it waited for is recorded, and the sweep re-drives it once the broker is back"
+CANCEL_RECORDED = "the cancel is recorded; the run stops when a worker next drives it"
 
 
 class Client:
@@ -70,7 +77,9 @@ class Client:
         """Start a durable run; returns its id. The same `run_id` twice starts one run.
 
         The run row is written here, before the message is sent, so `get_run` works at
-        once; if the send is lost, the sweep starts the queued run anyway.
+        once. A broker that cannot be reached is a logged warning, and the id is still
+        returned: the run is recorded and queued and the sweep starts it, where an error
+        would invite a retry that records the same request twice.
         """
         dispatcher = self._broker()
         request = RunRequest.of(
@@ -87,14 +96,29 @@ class Client:
         )
         if created:
             # The row is written, so a re-drive is all a worker needs: no start_run.
-            dispatcher.coordinate(run_id)
+            self._send(dispatcher, run_id, QUEUED)
         return run_id
 
+    def _send(self, dispatcher: CeleryDispatcher, run_id: str, then: str) -> None:
+        """Ask a worker to re-drive a run whose new state is already committed; a broker
+        that cannot be reached is a warning saying what happens `then`."""
+        try:
+            dispatcher.coordinate(run_id)
+        except BROKER_ERRORS as exc:
+            log.warning("run %s: the broker could not be reached (%s); %s", run_id, exc, then)
+
     def wake(self, run_id: str) -> None:
-        """Ask a worker to re-drive the run (durable runs only; harmless to repeat)."""
+        """Ask a worker to re-drive the run (durable runs only; harmless to repeat).
+
+        A broker that cannot be reached is logged, not raised: what woke the run is
+        recorded, and the sweep re-drives a run whose decision or answers came in.
+        """
+        self._wake(run_id, DECIDED)
+
+    def _wake(self, run_id: str, then: str) -> None:
         run = self.store.get_run(run_id)
         if run.runner == "durable" and self.dispatcher is not None:
-            self.dispatcher.coordinate(run_id)
+            self._send(self.dispatcher, run_id, then)
 
     def get_run(self, run_id: str) -> RunView:
         return self.store.get_run(run_id)
@@ -163,7 +187,7 @@ class Client:
                 conn, self.app, run_or_thread, text, target=target, runner="durable"
             )
         if next_run is not None:
-            self._broker().coordinate(next_run)
+            self._send(self._broker(), next_run, QUEUED)
         return thread_id
 
     def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:
@@ -174,7 +198,7 @@ class Client:
         with self.store.begin() as conn:
             affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
         for target in affected:
-            self.wake(target)
+            self._wake(target, CANCEL_RECORDED)
         return affected
 
     def select_model(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .approvals import approvals, approve, reject
+from .common import report_warnings
 from .db import db
 from .enqueue import enqueue
 from .inspect import journal, runs, status
@@ -16,7 +17,13 @@ from .tail import tail
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agent-jobs")
 def main() -> None:
-    """Durable agent-loop jobs: run agents, follow them, decide on their actions."""
+    """Durable agent-loop jobs: run agents, follow them, decide on their actions.
+
+    Exit codes: 0 done; 1 the run failed or was cancelled; 2 bad input, configuration or
+    a refused decision; 3 not found; 4 the run waits for a person and there is no
+    terminal to ask on; 5 a service (the database, the broker, Redis) is unreachable.
+    """
+    report_warnings()
 
 
 for command in (

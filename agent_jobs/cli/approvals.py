@@ -13,6 +13,7 @@ from .. import client
 from ..listener import ApprovalsListener, ListenerSettings
 from ..logs import LogFormat, configure_logging
 from .common import fail, handle_errors, out, print_json, settings, store
+from .text import json_text, visible
 
 
 def _decide(
@@ -25,9 +26,9 @@ def _decide(
     recorded = client.decide(run_id, call_id, decision, actor=actor, reason=reason)
     verb = "approved" if decision == "approve" else "rejected"
     if recorded:
-        out.print(f"{verb} {call_id} of run {run_id}")
+        out.print(visible(f"{verb} {call_id} of run {run_id}"))
     else:
-        out.print(f"{call_id} of run {run_id} was already decided; nothing changed")
+        out.print(visible(f"{call_id} of run {run_id} was already decided; nothing changed"))
 
 
 @click.command()
@@ -74,9 +75,11 @@ def pending(as_json: bool) -> None:
     if not calls and not asked:
         out.print("nothing is waiting for a decision")
     for c in calls:
-        out.print(f"{c['run_id']} {c['call_id']} {c['name']} {c['args']} (actor {c['actor']})")
+        ids = visible(f"{c['run_id']} {c['call_id']} {c['name']} ")
+        out.print(f"{ids}{json_text(c['args'])}" + visible(f" (actor {c['actor']})"))
     for q in asked:
-        out.print(f"{q['run_id']} {q['request_id']} {q['tool']} asks {q['questions']}")
+        ids = visible(f"{q['run_id']} {q['request_id']} {q['tool']} asks ")
+        out.print(ids + json_text(q["questions"]))
 
 
 @approvals.command("listen")

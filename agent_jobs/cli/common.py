@@ -4,40 +4,67 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, ParamSpec, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import click
+import kombu.exceptions
+import redis.exceptions
+import sqlalchemy.exc
 from rich.console import Console
+from rich.text import Text
 
 from ..app import AgentApp, load_app
 from ..client import Client
 from ..dispatch import CeleryDispatcher, celery_client
 from ..errors import AgentJobsError, DecisionRefusedError, InvalidRequestError, UnknownRunError
+from ..logs import known_secrets
 from ..redis_streams import RedisStreams
 from ..settings import Settings, get_settings
 from ..store import Store
+from .text import visible
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No markup and no emoji codes: what is printed is often a run's own text, and a
+# "[/x]" or ":warning:" in it must be shown as it is. Styles are given as `style=`.
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
-# Exit codes: 1 the run failed; 2 bad input or configuration; 3 not found.
+# Exit codes: 1 the run failed or was cancelled; 2 bad input, configuration or a refused
+# decision; 3 not found; 4 the run waits for a person (no terminal here to ask);
+# 5 a service is unreachable (the database, the broker or Redis).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
+EXIT_WAITING = 4
+EXIT_UNAVAILABLE = 5
+
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+)
+# Narrower than what a send may raise: an unrelated OSError is not "Redis is down".
+REDIS_ERRORS: tuple[type[Exception], ...] = (
+    kombu.exceptions.OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    """Print `error: MESSAGE` on one line of stderr and exit with `code`."""
+    err.print(Text.assemble(("error:", "red"), " ", visible(redact(message))))
     sys.exit(code)
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn the library's typed errors into a one-line message and an exit code."""
+    """Turn the library's typed errors, and services that cannot be reached, into a
+    one-line message and an exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -49,8 +76,85 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(str(exc), EXIT_USAGE)
         except AgentJobsError as exc:
             fail(str(exc), EXIT_USAGE)
+        except DATABASE_ERRORS as exc:
+            fail(unreachable(exc), EXIT_UNAVAILABLE)
+        except REDIS_ERRORS as exc:
+            fail(unreachable(exc), EXIT_UNAVAILABLE)
 
     return wrapper
+
+
+def unreachable(exc: Exception) -> str:
+    """Which service could not be reached, where (no password), and what it said."""
+    try:
+        config: Settings | None = settings()
+    except Exception:  # the settings themselves may be what is broken
+        config = None
+    if isinstance(exc, DATABASE_ERRORS):
+        what, url = "the database", config.database_url if config else None
+        cause: object = getattr(exc, "orig", None) or exc
+    elif isinstance(exc, kombu.exceptions.OperationalError):
+        what, url, cause = "the broker", config.broker_url if config else None, exc
+    else:
+        what, url, cause = "Redis", config.effective_redis_url if config else None, exc
+    where = f" ({safe_url(url)})" if url else ""
+    said = str(cause).strip().splitlines()
+    return f"{what}{where} is unreachable: {said[0] if said else type(cause).__name__}"
+
+
+def safe_url(url: str) -> str:
+    """`url` with its password masked."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "(an unparsable URL)"
+    if not password:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def redact(text: str) -> str:
+    """`text` with the secrets this process knows of masked: the passwords of the
+    configured URLs, the approval secret, provider keys."""
+    try:
+        config = settings()
+        urls = [u for u in (config.database_url, config.broker_url, config.redis_url) if u]
+        passwords = {p for p in (urlsplit(u).password for u in urls) if p}
+        others = set(known_secrets()) - passwords
+    except Exception:  # unreadable settings: there is nothing known to mask
+        return text
+    # A URL's password only where it stands in a URL: a password such as "postgres"
+    # is also a user name and a word. Keys are long and random: masked anywhere.
+    for password in passwords:
+        text = text.replace(f":{password}@", ":***@")
+    for secret in sorted((s for s in others if len(s) >= 8), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(redact(f"{record.levelname.lower()}: {super().format(record)}"), keep="\n")
+
+
+def report_warnings() -> None:
+    """Show this library's warnings (a broker that did not take a message, a stream that
+    could not be written) as `warning: …` lines on stderr.
+
+    The handler is marked as this project's, so `configure_logging` (the listener's)
+    replaces it instead of logging twice.
+    """
+    root = logging.getLogger()
+    if any(getattr(h, "_agent_jobs", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(logging.Filter("agent_jobs"))
+    handler.setFormatter(_OneLine())
+    handler._agent_jobs = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
 
 
 def settings() -> Settings:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from rich.cells import cell_len
 from rich.table import Table
+from rich.text import Text
 
 from ..store import RunView, Store
 from .common import handle_errors, out, print_json, store
+from .text import json_text, visible
 
 
 def run_document(db: Store, run: RunView) -> dict[str, Any]:
@@ -38,14 +41,19 @@ def status(run_id: str, as_json: bool) -> None:
     if as_json:
         print_json(doc)
         return
-    out.print(f"[bold]{run.run_id}[/bold]  {run.status}", markup=True)
-    out.print(f"agent {run.agent}  actor {run.actor}  thread {run.thread_id}  runner {run.runner}")
+    out.print(Text.assemble((visible(run.run_id), "bold"), f"  {run.status}"))
+    out.print(
+        visible(
+            f"agent {run.agent}  actor {run.actor}  thread {run.thread_id}  runner {run.runner}"
+        )
+    )
     if run.waiting_on:
-        out.print(f"waiting on: {run.waiting_on}")
+        out.print(visible(f"waiting on: {run.waiting_on}"))
     for call in doc["pending_calls"]:
-        out.print(f"pending: {call['call_id']} {call['tool']} {call['args']}")
+        out.print(visible(f"pending: {call['call_id']} {call['tool']} ") + json_text(call["args"]))
     for asked in doc["pending_questions"]:
-        out.print(f"question: {asked['request_id']} {asked['tool']} {asked['questions']}")
+        shown = json_text(asked["questions"])
+        out.print(visible(f"question: {asked['request_id']} {asked['tool']} ") + shown)
     usage = doc["usage"]
     cost = f"  cost {usage['cost']:.6f}" if usage["cost"] is not None else ""
     out.print(
@@ -53,9 +61,9 @@ def status(run_id: str, as_json: bool) -> None:
         f"over {usage['model_calls']} model calls{cost}"
     )
     if run.output is not None:
-        out.print(f"output: {run.output}")
+        out.print("output: " + visible(run.output, keep="\n\t"))
     if run.error is not None:
-        out.print(f"error ({run.error_type}): {run.error}")
+        out.print(visible(f"error ({run.error_type}): {run.error}"))
 
 
 @click.command()
@@ -73,17 +81,27 @@ def runs(status_filter: str | None, thread_id: str | None, limit: int, as_json: 
     if not found:
         out.print("no runs yet")
         return
-    table = Table("run", "status", "agent", "actor", "created", "input", box=None)
-    for r in found:
-        table.add_row(
-            r.run_id,
+    # Plain columns, not a table: a table fits itself to the terminal (80 columns when
+    # piped) by cutting cells, and a run id is no use cut.
+    rows = [("run", "status", "agent", "actor", "created", "input")]
+    rows += [
+        (
+            visible(r.run_id),
             r.status,
-            r.agent,
-            r.actor,
+            visible(r.agent),
+            visible(r.actor),
             r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            r.input[:40],
+            visible(r.input[:40]),
         )
-    out.print(table)
+        for r in found
+    ]
+    widths = [max(cell_len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        padded = [
+            cell + " " * (width - cell_len(cell))
+            for cell, width in zip(row[:-1], widths, strict=True)
+        ]
+        click.echo("  ".join([*padded, row[-1]]).rstrip())
 
 
 @click.command()
@@ -100,7 +118,6 @@ def journal(run_id: str, as_json: bool) -> None:
         return
     table = Table("seq", "step", "state", "attempts", "error", box=None)
     for row in rows:
-        table.add_row(
-            str(row["seq"]), row["step"], row["state"], str(row["attempts"]), row["error"] or ""
-        )
+        cells = (row["seq"], row["step"], row["state"], row["attempts"], row["error"] or "")
+        table.add_row(*(Text(visible(cell)) for cell in cells))
     out.print(table)

@@ -4,30 +4,48 @@ questions here."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
 from ..runners.inline import InlineRunner
+from ..store import Store
 from ..stream import Frame
 from .common import (
     EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_WAITING,
+    REDIS_ERRORS,
     app,
     durable_client,
     err,
+    fail,
     handle_errors,
     out,
     print_json,
     redis_streams,
     settings,
     store,
+    unreachable,
 )
-from .frames import ask, ask_answers, follow
+from .frames import follow
 from .inspect import run_document
+from .prompt import (
+    NoTerminal,
+    Terminal,
+    show_call,
+    show_questions,
+    tell_how_to_answer,
+    tell_how_to_decide,
+)
 from .tail import live_frames
+from .text import visible
+from .waiting import StoredCall, StoredQuestion, Waiting, stored_call, stored_question
 
 DEFAULT_AGENT = "support"
+DEFAULT_DECIDER = "cli"  # the --actor default of `approve` and `reject`
 
 
 @click.command()
@@ -56,6 +74,10 @@ def run(
 
     With AGENT_JOBS_BROKER_URL set the run goes to the workers (the durable runner) and
     this command follows its live stream in Redis; otherwise it runs in this process.
+
+    With no terminal to ask on (stdin at its end), a decision the run needs is printed
+    with the command that makes it. The durable runner then exits 4 and the run waits;
+    in this process the run waits for that command from elsewhere.
     """
     config = settings()
     request = RunArgs(agent, text, actor, approver or actor, thread_id, persona, run_id)
@@ -78,13 +100,100 @@ class RunArgs:
     run_id: str | None
 
 
-def _verdict(approve_all: bool, frame: Frame) -> tuple[Literal["approve", "reject"], str | None]:
-    if approve_all or ask(frame):
-        return "approve", None
-    return "reject", "rejected at the terminal"
+Verdict = tuple[Literal["approve", "reject"], str | None]
+
+
+class _Asker:
+    """Asks at the terminal about what the followed run waits for, as the store has it.
+
+    With no terminal, it says how to decide elsewhere; when `parks` (the durable
+    runner), it raises `NoTerminal` instead, for the command to exit.
+    """
+
+    def __init__(
+        self,
+        db: Store,
+        root_run_id: str,
+        args: RunArgs,
+        *,
+        approve_all: bool,
+        parks: bool,
+        quiet: bool,
+    ) -> None:
+        self.waiting = Waiting(db, root_run_id)
+        self.terminal = Terminal()
+        self.args = args
+        self.approve_all = approve_all
+        self.parks = parks
+        self.quiet = quiet
+
+    @property
+    def decider(self) -> str | None:
+        """The --actor the printed commands need (none for the default one)."""
+        return None if self.args.decider == DEFAULT_DECIDER else self.args.decider
+
+    def verdict(self, frame: Frame) -> tuple[StoredCall, Verdict] | None:
+        call = self.waiting.call(frame)
+        if call is None:
+            return None
+        if not call.waiting:
+            self.note(f"{call.call_id} of run {call.run_id} was already decided")
+            return None
+        if self.approve_all:
+            return call, ("approve", None)
+        show_call(call)
+        try:
+            approved = self.terminal.confirm("approve?")
+        except NoTerminal:
+            if self.parks:
+                raise
+            tell_how_to_decide(call, self.decider)
+            return None
+        return call, ("approve", None) if approved else ("reject", "rejected at the terminal")
+
+    def answers(self, frame: Frame) -> tuple[StoredQuestion, dict[str, Any]] | None:
+        question = self.waiting.question(frame)
+        if question is None:
+            return None
+        if question.answered:
+            self.note(f"request {question.request_id} of run {question.run_id} was answered")
+            return None
+        show_questions(question)
+        try:
+            given = {qid: self.terminal.text(visible(text)) for qid, text in question.questions}
+        except NoTerminal:
+            if self.parks:
+                raise
+            tell_how_to_answer(question)
+            return None
+        return question, given
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            out.print(visible(text), style="dim")
+
+
+def _handlers(
+    asker: _Asker,
+    decide: Callable[[StoredCall, Verdict], bool],
+    answer: Callable[[StoredQuestion, dict[str, Any]], bool],
+) -> tuple[Callable[[Frame], None], Callable[[Frame], None]]:
+    def on_approval(frame: Frame) -> None:
+        found = asker.verdict(frame)
+        if found is not None and not decide(*found):
+            asker.note(f"{found[0].call_id} was already decided elsewhere")
+
+    def on_question(frame: Frame) -> None:
+        found = asker.answers(frame)
+        if found is not None and not answer(*found):
+            asker.note(f"{found[0].request_id} was already answered elsewhere")
+
+    return on_approval, on_question
 
 
 def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
+    """Run the turn in this process; a decision made elsewhere (`agent-jobs approve`)
+    reaches it through the database."""
     runner = InlineRunner(app(), store(), settings=settings())
     run_id = runner.start(
         args.agent,
@@ -94,17 +203,25 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         run_id=args.run_id,
         persona=args.persona,
     )
+    root = runner.store.get_run(run_id).root_run_id
+    asker = _Asker(runner.store, root, args, approve_all=approve_all, parks=False, quiet=as_json)
 
-    def decide(frame: Frame) -> None:
-        decision, reason = _verdict(approve_all, frame)
-        runner.signal(
-            frame["run_id"], frame["call_id"], decision, actor=args.decider, reason=reason
+    def decide(call: StoredCall, verdict: Verdict) -> bool:
+        decision, reason = verdict
+        return runner.signal(
+            call.run_id,
+            call.call_id,
+            decision,
+            actor=args.decider,
+            reason=reason,
+            args_sha256=call.args_sha256,
         )
 
-    def answer(frame: Frame) -> None:
-        runner.answer(frame["run_id"], frame["request_id"], ask_answers(frame), actor=args.actor)
+    def answer(question: StoredQuestion, given: dict[str, Any]) -> bool:
+        return runner.answer(question.run_id, question.request_id, given, actor=args.actor)
 
-    follow(runner.frames(run_id), decide, quiet=as_json, answer=answer)
+    on_approval, on_question = _handlers(asker, decide, answer)
+    follow(runner.frames(run_id), on_approval, on_question, quiet=as_json)
     view = runner.wait(run_id)
     if as_json:
         print_json(run_document(runner.store, view))
@@ -122,33 +239,55 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         run_id=args.run_id,
         persona=args.persona,
     )
+    root = client.store.get_run(run_id).root_run_id
+    asker = _Asker(client.store, root, args, approve_all=approve_all, parks=True, quiet=as_json)
 
-    def decide(frame: Frame) -> None:
-        decision, reason = _verdict(approve_all, frame)
-        recorded = client.decide(
-            frame["run_id"],
-            frame["call_id"],
+    def decide(call: StoredCall, verdict: Verdict) -> bool:
+        decision, reason = verdict
+        return client.decide(
+            call.run_id,
+            call.call_id,
             decision,
             actor=args.decider,
             reason=reason,
-            args_sha256=frame.get("args_sha256"),
+            args_sha256=call.args_sha256,
         )
-        if not recorded and not as_json:
-            out.print(f"[dim]{frame['call_id']} was already decided elsewhere[/dim]", markup=True)
 
-    def answer(frame: Frame) -> None:
-        client.answer(frame["run_id"], frame["request_id"], ask_answers(frame), actor=args.actor)
+    def answer(question: StoredQuestion, given: dict[str, Any]) -> bool:
+        return client.answer(question.run_id, question.request_id, given, actor=args.actor)
 
+    on_approval, on_question = _handlers(asker, decide, answer)
     streams = redis_streams()
     try:
         frames = (frame for _, frame in live_frames(streams, client.store, run_id))
-        follow(frames, decide, quiet=as_json, answer=answer)
+        follow(frames, on_approval, on_question, quiet=as_json)
+    except NoTerminal:
+        _tell_what_waits(client.store, root, asker.decider)
+        if as_json:
+            print_json(run_document(client.store, client.get_run(run_id)))
+        return EXIT_WAITING
     except KeyboardInterrupt:
         err.print(f"\nstopped following; the run goes on: agent-jobs tail {run_id}")
         return 130
+    except REDIS_ERRORS as exc:
+        fail(
+            f"cannot follow run {run_id}: {unreachable(exc)}; the run is recorded and goes "
+            f"on: agent-jobs status {run_id}",
+            EXIT_UNAVAILABLE,
+        )
     finally:
         streams.client.close()
     view = client.wait(run_id, timeout=10)
     if as_json:
         print_json(run_document(client.store, view))
     return 0 if view.status == "completed" else EXIT_FAILED
+
+
+def _tell_what_waits(db: Store, root_run_id: str, decider: str | None) -> None:
+    """Every decision and answer the run (and the runs it delegated to) waits for, each
+    with the command that gives it."""
+    for run_id in db.run_tree(root_run_id):
+        for row in db.pending_calls(run_id):
+            tell_how_to_decide(stored_call(row), decider)
+        for row in db.open_questions(run_id):
+            tell_how_to_answer(stored_question(row))

@@ -9,6 +9,7 @@ import click
 from ..client import Client
 from ..session import CANCEL_CAUSES, TARGETS, fold_inbox, fold_status
 from .common import handle_errors, out, print_json, settings, store
+from .text import visible
 
 
 def _client() -> Client:
@@ -35,7 +36,7 @@ def events(run_or_thread: str, as_json: bool) -> None:
         stamp = e.created_at.strftime("%H:%M:%S.%f")[:-3]
         run = (e.run_id or "-")[:12]
         data = json.dumps(e.data, ensure_ascii=False, separators=(", ", ": "))
-        out.print(f"{e.seq:>5} {stamp} {run:<12} {e.type:<20} {data}")
+        out.print(visible(f"{e.seq:>5} {stamp} {run:<12} {e.type:<20} {data}"))
     inbox = fold_inbox(log)
     out.print(
         f"agent {fold_status(log)}; inbox: {len(inbox.next_step)} for the next step, "
@@ -57,7 +58,7 @@ def events(run_or_thread: str, as_json: bool) -> None:
 def say(run_or_thread: str, text: str, target: str) -> None:
     """Post a message to a thread's inbox."""
     thread_id = _client().post_message(run_or_thread, text, target=target)
-    out.print(f"queued for the {target.replace('-', ' ')} of thread {thread_id}")
+    out.print(visible(f"queued for the {target.replace('-', ' ')} of thread {thread_id}"))
 
 
 @click.command()
@@ -69,9 +70,9 @@ def cancel(run_id: str, cause: str, keep_inbox: bool) -> None:
     """Cancel a run (and its children); it stops at its next boundary."""
     stopped = _client().cancel(run_id, cause, keep_inbox=keep_inbox)
     if stopped:
-        out.print(f"cancelling {', '.join(stopped)} ({cause})")
+        out.print(visible(f"cancelling {', '.join(stopped)} ({cause})"))
     else:
-        out.print(f"run {run_id} has already ended; nothing to cancel")
+        out.print(visible(f"run {run_id} has already ended; nothing to cancel"))
 
 
 @click.command()
@@ -89,6 +90,6 @@ def answer(run_id: str, request_id: str, answers: str, actor: str) -> None:
     if not isinstance(parsed, dict):
         raise click.BadParameter("must be a JSON object", param_hint="ANSWERS")
     if _client().answer(run_id, request_id, parsed, actor=actor):
-        out.print(f"answered {request_id} of run {run_id}")
+        out.print(visible(f"answered {request_id} of run {run_id}"))
     else:
-        out.print(f"{request_id} of run {run_id} was already answered; nothing changed")
+        out.print(visible(f"{request_id} of run {run_id} was already answered; nothing changed"))

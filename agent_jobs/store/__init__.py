@@ -118,6 +118,21 @@ class Store:
         with self.connect() as conn:
             return [dict(row._mapping) for row in toolcalls.run_calls(conn, run_id)]
 
+    def run_tree(self, run_id: str) -> list[str]:
+        """The run and the runs it delegated to, at any depth."""
+        with self.connect() as conn:
+            return runs.run_tree_ids(conn, run_id)
+
+    def tool_call(self, run_id: str, call_id: str) -> dict[str, Any] | None:
+        with self.connect() as conn:
+            row = toolcalls.get_call(conn, run_id, call_id)
+        return dict(row._mapping) if row is not None else None
+
+    def question(self, run_id: str, request_id: str) -> dict[str, Any] | None:
+        with self.connect() as conn:
+            row = questions.get(conn, run_id, request_id)
+        return dict(row._mapping) if row is not None else None
+
     def pending_calls(self, run_id: str | None = None) -> list[dict[str, Any]]:
         with self.connect() as conn:
             return [dict(row._mapping) for row in toolcalls.pending_calls(conn, run_id=run_id)]

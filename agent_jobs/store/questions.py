@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from .db import utcnow
+from .runs import TERMINAL
 from .schema import questions, runs
 
 
@@ -55,11 +56,12 @@ def answer(
 
 
 def open_questions(conn: Connection, *, run_id: str | None = None) -> Sequence[Any]:
-    """Questions waiting for answers, oldest first, with their run's actor."""
+    """Questions waiting for answers, oldest first, with their run's actor; a question
+    of a run that has ended waits for no one and is not listed."""
     query = (
         select(questions, runs.c.actor)
         .join(runs, runs.c.id == questions.c.run_id)
-        .where(questions.c.answers.is_(None), runs.c.status == "awaiting_answers")
+        .where(questions.c.answers.is_(None), runs.c.status.not_in(TERMINAL))
         .order_by(questions.c.created_at)
     )
     if run_id is not None:

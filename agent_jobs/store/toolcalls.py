@@ -8,6 +8,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from .db import utcnow
+from .runs import TERMINAL
 from .schema import runs, tool_calls
 
 CallStatus = Literal[
@@ -124,11 +125,15 @@ _OUTCOME = (
 
 
 def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Row[Any]]:
-    """Calls waiting for a human decision, oldest first, with their run's actor."""
+    """Calls waiting for a human decision, oldest first, with their run's actor.
+
+    A call of a run that has ended keeps its `pending_approval` status, but no one waits
+    for its decision any more: it is not listed.
+    """
     query = (
         select(tool_calls, runs.c.actor, runs.c.agent)
         .join(runs, runs.c.id == tool_calls.c.run_id)
-        .where(tool_calls.c.status == "pending_approval")
+        .where(tool_calls.c.status == "pending_approval", runs.c.status.not_in(TERMINAL))
         .order_by(tool_calls.c.created_at)
     )
     if run_id is not None:
