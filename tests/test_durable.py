@@ -418,3 +418,16 @@ def test_forged_step_tasks_change_nothing(local: Any) -> None:
         if runner.store.get_run(run_id).finished:
             break
     assert runner.store.get_run(run_id).status == "completed"
+
+
+def test_a_cancel_whose_wake_up_was_lost_reaches_a_parked_run(cluster: Cluster) -> None:
+    """The cancel is recorded, but no wake-up reaches the run (the broker was down when
+    the client sent it): the sweep stops the parked run."""
+    cluster.worker()
+    cluster.beat()
+    run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    cluster.wait_step(run_id, "approval:call_2", "waiting")
+    with cluster.store.begin() as conn:
+        assert session.request_cancel(conn, run_id, "user") == [run_id]
+    run = cluster.wait(run_id, timeout=20)
+    assert run.status == "cancelled" and run.error == "cancelled (user)"

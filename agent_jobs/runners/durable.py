@@ -693,6 +693,12 @@ class DurableRunner:
                             | and_(
                                 runs_table.c.status.in_(("awaiting_approval", "awaiting_answers")),
                                 decided_waiting,
+                            )
+                            # A cancel recorded while no wake-up could be sent (the
+                            # broker down): a parked run would wait for ever.
+                            | and_(
+                                runs_table.c.cancel_cause.is_not(None),
+                                runs_table.c.status.not_in(run_rows.TERMINAL),
                             ),
                         )
                         | overdue
