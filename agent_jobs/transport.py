@@ -1,12 +1,13 @@
 """kombu's Redis transport, guarded against a worker crash when Redis goes away.
 
-kombu 5.4 to 5.7: when the broker connection drops while a worker holds an unacknowledged
-message and its consumer waits for the next one (a BRPOP in flight), Celery closes the
-channel twice. The first close reads the pending BRPOP reply, fails on the dead socket
-and stops half-way; Celery then drops the transport's client; the second close tries to
-hand the unacknowledged message back, builds a Redis client from the transport's client
-(now None) and raises `AttributeError: 'NoneType' object has no attribute 'hostname'`,
-which is not a connection error, so the worker dies ("Unrecoverable error").
+kombu 5.7.0 (the newest release): when the broker connection drops while a worker holds
+an unacknowledged message and its consumer waits for the next one (a BRPOP in flight),
+Celery closes the channel twice. The first close reads the pending BRPOP reply, fails
+on the dead socket and stops half-way; Celery then drops the transport's client; the
+second close tries to hand the unacknowledged message back, builds a Redis client from
+the transport's client (now None) and raises `AttributeError: 'NoneType' object has no
+attribute 'hostname'`, which is not a connection error, so the worker dies
+("Unrecoverable error").
 
 Here the first close finishes despite the dead socket, and a channel whose connection is
 gone refuses to build a client with a connection error, which kombu and Celery treat as

@@ -15,6 +15,7 @@ moment the model emitted it.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from bench.doors_app import app, started_key  # noqa: E402
 from bench.durable import fresh_database, percentile  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
 from tests.workers import Process, service_env, start_worker  # noqa: E402
 
 SECRET = "bench-doors-secret"
@@ -124,9 +126,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--stream-runs", type=int, default=10)
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument(
+        "--redis",
+        help="a Redis base URL (its databases are flushed); default: a redis-server of its own",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
+    if args.redis is None:
+        own_redis = RedisServer().start()
+        atexit.register(own_redis.close)
+        args.redis = own_redis.url(0).rsplit("/", 1)[0]
 
     url = fresh_database(args.pg, "agent_jobs_bench_doors")
     broker_url = f"{args.redis}/8"

@@ -12,6 +12,7 @@ round trip and a Postgres single-row commit.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import statistics
@@ -35,6 +36,7 @@ from agent_jobs.store import Store  # noqa: E402
 from agent_jobs.store.db import make_engine, upgrade  # noqa: E402
 from agent_jobs.store.schema import journal, runs  # noqa: E402
 from bench.apps import app  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
 from tests.workers import Process, service_env, start_worker  # noqa: E402
 
 
@@ -177,9 +179,16 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument(
+        "--redis",
+        help="a Redis base URL (its databases are flushed); default: a redis-server of its own",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
+    if args.redis is None:
+        own_redis = RedisServer().start()
+        atexit.register(own_redis.close)
+        args.redis = own_redis.url(0).rsplit("/", 1)[0]
 
     url = fresh_database(args.pg, "agent_jobs_bench")
     broker = f"{args.redis}/9"
