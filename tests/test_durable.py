@@ -431,3 +431,20 @@ def test_a_cancel_whose_wake_up_was_lost_reaches_a_parked_run(cluster: Cluster) 
         assert session.request_cancel(conn, run_id, "user") == [run_id]
     run = cluster.wait(run_id, timeout=20)
     assert run.status == "cancelled" and run.error == "cancelled (user)"
+
+
+def test_forged_step_tasks_on_a_real_worker_cannot_wedge_a_parked_run(cluster: Cluster) -> None:
+    cluster.worker()
+    cluster.beat()
+    run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
+    cluster.wait_step(run_id, "approval:call_2", "waiting")
+    queue = cluster.client._broker().queue
+    for _ in range(4):  # more than the attempts a step gets
+        cluster.celery.send_task(INVOKE_TOOL, args=[run_id, "approval:call_2"], queue=queue)
+        cluster.celery.send_task(MODEL_TURN, args=[run_id, "tool:call_1"], queue=queue)
+    time.sleep(1.5)
+    step = {j["step"]: j for j in cluster.store.journal(run_id)}["approval:call_2"]
+    assert step["state"] == "waiting" and step["attempts"] == 0
+    assert cluster.client.approve(run_id, "call_2", actor="alice")
+    run = cluster.wait(run_id)
+    assert run.status == "completed" and run.output == "gated done"
