@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .approvals import verify_signature
+from .approvals import contains_nul, verify_signature
 from .runners.common import ID_PATTERN
 
 HEX64 = r"^[0-9a-fA-F]{64}$"
@@ -72,6 +72,13 @@ class AnswersMessage(_Message):
     type: Literal["answers"]
     request_id: str = Field(pattern=CALL_ID)
     answers: dict[str, Any]
+
+    @field_validator("answers")
+    @classmethod
+    def _no_nul_inside(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if contains_nul(value):
+            raise ValueError("must not contain NUL characters, at any depth")
+        return value
 
 
 ChannelMessage = ApprovalMessage | AnswersMessage

@@ -17,6 +17,23 @@ from .store import journal, questions, runs, toolcalls
 Recorded = Literal["recorded", "already_decided"]
 
 
+def contains_nul(value: Any) -> bool:
+    """Whether a NUL character is anywhere in `value` (keys included): Postgres text and
+    jsonb cannot hold one, so it is refused before it reaches an INSERT."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 def approval_step(call_id: str) -> str:
     """The journal row a turn waits on for a decision about `call_id`."""
     return f"approval:{call_id}"
@@ -55,6 +72,8 @@ def record_decision(
         raise DecisionRefusedError(
             f"run {run_id} has ended ({run.status}): call {call_id} can no longer be decided"
         )
+    if contains_nul([decision.actor, decision.reason]):
+        raise DecisionRefusedError("the actor and the reason must not contain NUL characters")
     if expected_args_sha256 is not None and expected_args_sha256 != args_sha256(call.args):
         raise DecisionRefusedError(
             f"args_sha256 does not match the arguments of call {call_id}: "
@@ -104,6 +123,8 @@ def record_answers(
         raise DecisionRefusedError(f"run {run_id} asked no question {request_id!r}")
     if not isinstance(answers, dict):
         raise DecisionRefusedError("answers must be an object of question id to answer")
+    if contains_nul([answers, actor]):
+        raise DecisionRefusedError("answers must not contain NUL characters")
     if asked.answers is not None:
         return "already_decided"
     if run.status in runs.TERMINAL:

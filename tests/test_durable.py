@@ -448,3 +448,22 @@ def test_forged_step_tasks_on_a_real_worker_cannot_wedge_a_parked_run(cluster: C
     assert cluster.client.approve(run_id, "call_2", actor="alice")
     run = cluster.wait(run_id)
     assert run.status == "completed" and run.output == "gated done"
+
+
+def test_a_decision_with_a_nul_is_refused_and_changes_nothing(local: Any) -> None:
+    from agent_jobs.approvals import record_decision
+    from agent_jobs.errors import DecisionRefusedError
+    from agent_jobs.hooks import Decision
+
+    runner, recorder = local
+    run_id = _new_run(runner, "gated", "nul-reason")
+    runner.coordinate(run_id)
+    for _ in range(20):
+        for task, step in list(recorder.sent):
+            runner.execute_step(run_id, step, task=task)
+        if runner.store.get_run(run_id).status == "awaiting_approval":
+            break
+    verdict = Decision(decision="approve", actor="alice", reason="fine\x00")
+    with pytest.raises(DecisionRefusedError), runner.store.begin() as conn:
+        record_decision(conn, apps.app, run_id, "call_2", verdict)
+    assert runner.store.pending_calls(run_id)[0]["call_id"] == "call_2"

@@ -353,3 +353,19 @@ def test_the_health_file_goes_stale_while_the_subscription_is_down(
     finally:
         doors.close()
         server.close()
+
+
+def test_a_nul_anywhere_in_answers_is_refused_before_the_database() -> None:
+    """Postgres jsonb cannot hold `\\u0000`: a NUL nested in answers used to pass the
+    check and fail at the INSERT (an `error`, tried again and again)."""
+    for answers in ({"q1": "a\x00b"}, {"q1": {"deep": ["x\x00"]}}, {"q\x00": "key"}):
+        message = {
+            "type": "answers",
+            "run_id": "run-1",
+            "request_id": "req-1",
+            "answers": answers,
+            "actor": "bob",
+        }
+        with pytest.raises(Refused) as refused:
+            parse_message(json.dumps(signed(message)), secret=SECRET)
+        assert refused.value.reason == "invalid_message"
