@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import threading
+
+import redis
 from celery import Task
+
+from agent_jobs.settings import get_settings
+
+_lock = threading.Lock()
+_client: redis.Redis | None = None
+
+
+def main_redis() -> redis.Redis:
+    """Redis for the worker's main process, whose event loop must never wait long on it
+    (refused messages kept aside, a dead pool process's leases released)."""
+    global _client
+    with _lock:
+        if _client is None:
+            url = get_settings().effective_redis_url or "redis://127.0.0.1:6379/0"
+            _client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        return _client
 
 
 class AgentJobsTask(Task):  # type: ignore[type-arg]

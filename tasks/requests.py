@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import threading
+from functools import cache
 from typing import Any
 
 import redis
@@ -11,23 +11,15 @@ from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
 from agent_jobs.leases import Leases, this_machine
-from agent_jobs.settings import get_settings
+
+from .base import main_redis
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_leases: Leases | None = None
 
-
+@cache
 def main_process_leases() -> Leases:
-    """Leases for the main process, whose event loop must never wait long on Redis."""
-    global _leases
-    with _lock:
-        if _leases is None:
-            url = get_settings().effective_redis_url or "redis://127.0.0.1:6379/0"
-            client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-            _leases = Leases(client)
-        return _leases
+    return Leases(main_redis())
 
 
 class StepRequest(Request):

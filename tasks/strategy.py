@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from numbers import Real
@@ -24,7 +23,7 @@ import redis
 from celery import Celery, Task
 from celery.worker.strategy import default
 
-from agent_jobs.settings import get_settings
+from .base import main_redis
 
 log = logging.getLogger(__name__)
 
@@ -93,35 +92,17 @@ def _protocol1_problem(payload: Any) -> str | None:
     return None
 
 
-class DeadTasks:
-    """The Redis list where refused task messages are kept (newest first, bounded)."""
-
-    def __init__(self) -> None:
-        self._client: redis.Redis | None = None
-        self._lock = threading.Lock()
-
-    def client(self) -> redis.Redis:
-        with self._lock:
-            if self._client is None:
-                settings = get_settings()
-                url = settings.effective_redis_url or "redis://127.0.0.1:6379/0"
-                # The worker's event loop waits on this: never for long.
-                self._client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-            return self._client
-
-    def keep(self, entry: dict[str, Any]) -> bool:
-        try:
-            pipe = self.client().pipeline(transaction=False)
-            pipe.lpush(DEAD_TASKS, json.dumps(entry, default=str, ensure_ascii=False))
-            pipe.ltrim(DEAD_TASKS, 0, DEAD_TASKS_MAXLEN - 1)
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("could not keep a refused task message in %s: %s", DEAD_TASKS, exc)
-            return False
-        return True
-
-
-dead_tasks = DeadTasks()
+def keep_aside(entry: dict[str, Any]) -> bool:
+    """Keep a refused message in the Redis list (newest first, bounded)."""
+    try:
+        pipe = main_redis().pipeline(transaction=False)
+        pipe.lpush(DEAD_TASKS, json.dumps(entry, default=str, ensure_ascii=False))
+        pipe.ltrim(DEAD_TASKS, 0, DEAD_TASKS_MAXLEN - 1)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("could not keep a refused task message in %s: %s", DEAD_TASKS, exc)
+        return False
+    return True
 
 
 def _entry(message: Any, reason: str) -> dict[str, Any]:
@@ -159,7 +140,7 @@ def guarded(task: Task[Any, Any], app: Celery, consumer: Any, **options: Any) ->
                 return handle(message, body, ack, reject, callbacks, **kwargs)
             reason = problem
         entry = _entry(message, reason)
-        kept = dead_tasks.keep(entry)
+        kept = keep_aside(entry)
         log.error(
             "refused a malformed %s message %s: %s; %s",
             entry["task"] or "task",
