@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -42,30 +40,9 @@ from tests.redis_server import RedisServer  # noqa: E402
 from tests.workers import Process, service_env, start_beat, start_worker  # noqa: E402
 
 
-def starts(run_id: str) -> list[tuple[int, float]]:
-    """(pid, time) of each start of the run's `held` step."""
-    with apps.side_engine().connect() as conn:
-        rows = conn.execute(
-            select(apps.executions.c.what, apps.executions.c.at)
-            .where(apps.executions.c.run_id == run_id)
-            .where(apps.executions.c.what.like("held:start:%"))
-            .order_by(apps.executions.c.id)
-        ).all()
-    return [(int(r.what.rsplit(":", 1)[1]), r.at.timestamp()) for r in rows]
-
-
-def wait_starts(run_id: str, n: int, timeout: float) -> list[tuple[int, float]]:
-    deadline = time.monotonic() + timeout
-    while len(found := starts(run_id)) < n:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"run {run_id}: the step did not start {n} times in {timeout}s")
-        time.sleep(0.02)
-    return found
-
-
 def one(client: Client, kill: str, workers: list[Process], timeout: float) -> float:
     run_id = client.enqueue_run("held", "go", actor="bench")
-    pid, _ = wait_starts(run_id, 1, 60)[0]
+    pid, _ = apps.wait_held_starts(run_id, 1, 60)[0]
     time.sleep(0.3)
     killed_at = time.time()
     if kill == "child":
@@ -74,7 +51,7 @@ def one(client: Client, kill: str, workers: list[Process], timeout: float) -> fl
         victim = next(w for w in workers if w.proc is not None and _owns(w.proc.pid, pid))
         victim.kill()
         workers.remove(victim)
-    _, again = wait_starts(run_id, 2, timeout)[1]
+    _, again = apps.wait_held_starts(run_id, 2, timeout)[1]
     if client.wait(run_id, timeout=60).status != "completed":
         raise SystemExit(f"run {run_id} did not complete")
     return again - killed_at

@@ -6,6 +6,7 @@ import threading
 
 import redis
 from celery import Task
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from agent_jobs.settings import get_settings
 
@@ -30,3 +31,8 @@ class AgentJobsTask(Task):  # type: ignore[type-arg]
 
     Strategy = "tasks.strategy:guarded"
     Request = "tasks.requests:StepRequest"
+    # A database connection that died is dropped from the pool when it fails; the task
+    # is tried again shortly on a fresh one (every task here is safe to repeat).
+    autoretry_for = (OperationalError, InterfaceError)
+    retry_backoff = 1
+    max_retries = 8

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task, shared_task
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
 from agent_jobs.errors import AgentJobsError, RetryLater
@@ -14,19 +13,8 @@ from agent_jobs.runners.common import RunRequest
 from .base import AgentJobsTask
 from .runtime import runtime
 
-# A database connection that died is dropped from the pool when it fails; the task is
-# tried again shortly on a fresh one (every task here is safe to repeat).
-TRANSIENT = (OperationalError, InterfaceError)
 
-
-@shared_task(
-    base=AgentJobsTask,
-    name=START_RUN,
-    bind=True,
-    autoretry_for=TRANSIENT,
-    retry_backoff=1,
-    max_retries=8,
-)
+@shared_task(base=AgentJobsTask, name=START_RUN, bind=True)
 def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     """Start a run from another service's kwargs (CONTRACT §3); its id defaults to ours."""
     if args:
@@ -42,27 +30,13 @@ def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     return f"{run_id} {runner.coordinate(run_id)}"
 
 
-@shared_task(
-    base=AgentJobsTask,
-    name=COORDINATE,
-    bind=True,
-    autoretry_for=TRANSIENT,
-    retry_backoff=1,
-    max_retries=8,
-)
+@shared_task(base=AgentJobsTask, name=COORDINATE, bind=True)
 def coordinate(self: Task[Any, str], run_id: str) -> str:
     """Re-drive a run: replay its journal, schedule what is missing, suspend."""
     return f"{run_id} {runtime(self.app).runner.coordinate(run_id)}"
 
 
-@shared_task(
-    base=AgentJobsTask,
-    name=MODEL_TURN,
-    bind=True,
-    autoretry_for=TRANSIENT,
-    retry_backoff=1,
-    max_retries=8,
-)
+@shared_task(base=AgentJobsTask, name=MODEL_TURN, bind=True)
 def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
     """Call the model for one step of a run, streaming its text to the run's stream."""
     runner = runtime(self.app).runner
@@ -75,27 +49,13 @@ def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
         raise self.retry(countdown=later.delay, max_retries=None) from None
 
 
-@shared_task(
-    base=AgentJobsTask,
-    name=INVOKE_TOOL,
-    bind=True,
-    autoretry_for=TRANSIENT,
-    retry_backoff=1,
-    max_retries=8,
-)
+@shared_task(base=AgentJobsTask, name=INVOKE_TOOL, bind=True)
 def invoke_tool(self: Task[Any, str], run_id: str, step: str) -> str:
     """Invoke one tool call of a run."""
     return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step, task=INVOKE_TOOL)}"
 
 
-@shared_task(
-    base=AgentJobsTask,
-    name=SWEEP,
-    bind=True,
-    autoretry_for=TRANSIENT,
-    retry_backoff=1,
-    max_retries=8,
-)
+@shared_task(base=AgentJobsTask, name=SWEEP, bind=True)
 def sweep(self: Task[Any, str]) -> str:
     """Re-drive runs that made no progress for a while (Celery beat runs this)."""
     return f"re-drove {runtime(self.app).runner.sweep()} runs"

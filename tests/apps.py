@@ -504,6 +504,27 @@ def held(seconds: float, ctx: ToolContext) -> int:
     return os.getpid()
 
 
+def held_starts(run_id: str) -> list[tuple[int, float]]:
+    """(pid, time) of each start of the run's `held` step, in order."""
+    with side_engine().connect() as conn:
+        rows = conn.execute(
+            select(executions.c.what, executions.c.at)
+            .where(executions.c.run_id == run_id, executions.c.what.like("held:start:%"))
+            .order_by(executions.c.id)
+        ).all()
+    return [(int(r.what.rsplit(":", 1)[1]), r.at.timestamp()) for r in rows]
+
+
+def wait_held_starts(run_id: str, n: int, timeout: float) -> list[tuple[int, float]]:
+    """Block until the run's `held` step has started `n` times."""
+    deadline = time.monotonic() + timeout
+    while len(found := held_starts(run_id)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the held step started {len(found)} times, not {n}")
+        time.sleep(0.02)
+    return found
+
+
 @app.tool(kind="read")
 def wait_for_gate(ctx: ToolContext) -> str:
     """A read that waits until the test creates `$TEST_GATE_DIR/<run_id>`."""

@@ -175,18 +175,36 @@ class _Asker:
 
 def _handlers(
     asker: _Asker,
-    decide: Callable[[StoredCall, Verdict], bool],
-    answer: Callable[[StoredQuestion, dict[str, Any]], bool],
+    args: RunArgs,
+    decide: Callable[..., bool],
+    answer: Callable[..., bool],
 ) -> tuple[Callable[[Frame], None], Callable[[Frame], None]]:
+    """What to do with an approval request and a question, given the runner's own
+    `decide` (`signal` inline) and `answer`: the stored call, bound to its arguments."""
+
     def on_approval(frame: Frame) -> None:
         found = asker.verdict(frame)
-        if found is not None and not decide(*found):
-            asker.note(f"{found[0].call_id} was already decided elsewhere")
+        if found is None:
+            return
+        call, (decision, reason) = found
+        recorded = decide(
+            call.run_id,
+            call.call_id,
+            decision,
+            actor=args.decider,
+            reason=reason,
+            args_sha256=call.args_sha256,
+        )
+        if not recorded:
+            asker.note(f"{call.call_id} was already decided elsewhere")
 
     def on_question(frame: Frame) -> None:
         found = asker.answers(frame)
-        if found is not None and not answer(*found):
-            asker.note(f"{found[0].request_id} was already answered elsewhere")
+        if found is None:
+            return
+        question, given = found
+        if not answer(question.run_id, question.request_id, given, actor=args.actor):
+            asker.note(f"{question.request_id} was already answered elsewhere")
 
     return on_approval, on_question
 
@@ -205,22 +223,7 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     )
     root = runner.store.get_run(run_id).root_run_id
     asker = _Asker(runner.store, root, args, approve_all=approve_all, parks=False, quiet=as_json)
-
-    def decide(call: StoredCall, verdict: Verdict) -> bool:
-        decision, reason = verdict
-        return runner.signal(
-            call.run_id,
-            call.call_id,
-            decision,
-            actor=args.decider,
-            reason=reason,
-            args_sha256=call.args_sha256,
-        )
-
-    def answer(question: StoredQuestion, given: dict[str, Any]) -> bool:
-        return runner.answer(question.run_id, question.request_id, given, actor=args.actor)
-
-    on_approval, on_question = _handlers(asker, decide, answer)
+    on_approval, on_question = _handlers(asker, args, runner.signal, runner.answer)
     follow(runner.frames(run_id), on_approval, on_question, quiet=as_json)
     view = runner.wait(run_id)
     if as_json:
@@ -241,22 +244,7 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     )
     root = client.store.get_run(run_id).root_run_id
     asker = _Asker(client.store, root, args, approve_all=approve_all, parks=True, quiet=as_json)
-
-    def decide(call: StoredCall, verdict: Verdict) -> bool:
-        decision, reason = verdict
-        return client.decide(
-            call.run_id,
-            call.call_id,
-            decision,
-            actor=args.decider,
-            reason=reason,
-            args_sha256=call.args_sha256,
-        )
-
-    def answer(question: StoredQuestion, given: dict[str, Any]) -> bool:
-        return client.answer(question.run_id, question.request_id, given, actor=args.actor)
-
-    on_approval, on_question = _handlers(asker, decide, answer)
+    on_approval, on_question = _handlers(asker, args, client.decide, client.answer)
     streams = redis_streams()
     try:
         frames = (frame for _, frame in live_frames(streams, client.store, run_id))
