@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from . import session
 from .app import AgentApp, load_app
-from .approvals import record_answers, record_decision
+from .approvals.record import record_answers, record_decision
 from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision

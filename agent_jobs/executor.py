@@ -48,7 +48,7 @@ from .steps import (
 from .store import events as event_rows
 from .store import runs, threads, toolcalls
 from .store import usage as usage_store
-from .stream import RunStream
+from .streams.base import RunStream
 from .tools import QuestionsAsked, ToolContext
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent_jobs.approvals import sign  # noqa: E402
+from agent_jobs.approvals.signing import sign  # noqa: E402
 from agent_jobs.client import Client  # noqa: E402
 from agent_jobs.dispatch import CeleryDispatcher, celery_client  # noqa: E402
 from agent_jobs.settings import Settings  # noqa: E402

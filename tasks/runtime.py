@@ -15,10 +15,10 @@ from redis.retry import Retry
 from agent_jobs.app import load_app
 from agent_jobs.dispatch import CeleryDispatcher
 from agent_jobs.leases import Leases
-from agent_jobs.redis_streams import RedisStreams
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store
+from agent_jobs.streams.redis_streams import RedisStreams
 
 from .app import DEFAULT_BROKER
 

@@ -131,8 +131,8 @@ def harness(
     from agent_jobs import InlineRunner
     from agent_jobs.client import Client
     from agent_jobs.dispatch import CeleryDispatcher, celery_client
-    from agent_jobs.redis_streams import RedisStreams
     from agent_jobs.settings import Settings
+    from agent_jobs.streams.redis_streams import RedisStreams
 
     from . import apps
     from .harness import DurableHarness, InlineHarness

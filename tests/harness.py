@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from agent_jobs import InlineRunner, RunView, Store
 from agent_jobs.client import Client
-from agent_jobs.redis_streams import RedisStreams
-from agent_jobs.stream import Frame
+from agent_jobs.streams.base import Frame
+from agent_jobs.streams.redis_streams import RedisStreams
 
 
 class Harness:

@@ -17,7 +17,7 @@ from typing import IO, Any
 import pytest
 
 from agent_jobs.app import AgentApp
-from agent_jobs.approvals import record_answers, record_decision
+from agent_jobs.approvals.record import record_answers, record_decision
 from agent_jobs.errors import DecisionRefusedError
 from agent_jobs.hooks import Decision
 from agent_jobs.messages import args_sha256

@@ -13,13 +13,13 @@ import redis
 from agent_jobs import session
 from agent_jobs.dispatch import INVOKE_TOOL, MODEL_TURN
 from agent_jobs.leases import Leases
-from agent_jobs.redis_streams import RedisStreams
 from agent_jobs.runners.common import RunRequest
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.session import fold_inbox
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.store import journal as journal_rows
+from agent_jobs.streams.redis_streams import RedisStreams
 
 from . import apps
 from .apps import executed
@@ -405,7 +405,7 @@ def test_forged_step_tasks_change_nothing(local: Any) -> None:
 
     # A valid approval then moves the run on to its end.
     with runner.store.begin() as conn:
-        from agent_jobs.approvals import record_decision
+        from agent_jobs.approvals.record import record_decision
         from agent_jobs.hooks import Decision
 
         record_decision(
@@ -451,7 +451,7 @@ def test_forged_step_tasks_on_a_real_worker_cannot_wedge_a_parked_run(cluster: C
 
 
 def test_a_decision_with_a_nul_is_refused_and_changes_nothing(local: Any) -> None:
-    from agent_jobs.approvals import record_decision
+    from agent_jobs.approvals.record import record_decision
     from agent_jobs.errors import DecisionRefusedError
     from agent_jobs.hooks import Decision
 

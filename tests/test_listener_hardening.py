@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from agent_jobs.approval_messages import Refused, parse_message
+from agent_jobs.approvals.messages import Refused, parse_message
 
 from .doors_helpers import SECRET, Doors, approval, open_doors, signed, wait_for
 from .redis_server import RedisServer

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from agent_jobs.approval_messages import ApprovalMessage, parse_message
+from agent_jobs.approvals.messages import ApprovalMessage, parse_message
 
 from .doors_helpers import claim_db
 

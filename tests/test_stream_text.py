@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_jobs.stream_text import TextAssembler, assemble_text, is_attempt_marker
+from agent_jobs.streams.text import TextAssembler, assemble_text, is_attempt_marker
 
 
 def delta(text: str, run: str = "r1", **tags: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from agent_jobs import AgentApp, InlineRunner, ScriptedModel, Store, diagnostics
 from agent_jobs.errors import DecisionRefusedError, UnknownAgentError, UnknownCallError
 from agent_jobs.settings import Settings
-from agent_jobs.stream import Frame
+from agent_jobs.streams.base import Frame
 
 from .helpers import RecordingModel, support_app
 

@@ -10,7 +10,7 @@ import click
 import redis
 
 from .. import client
-from ..listener import ApprovalsListener, ListenerSettings
+from ..approvals.listener import ApprovalsListener, ListenerSettings
 from ..logs import LogFormat, configure_logging
 from .common import fail, handle_errors, out, print_json, settings, store
 from .text import json_text, visible

@@ -22,9 +22,9 @@ from ..client import Client
 from ..dispatch import CeleryDispatcher, celery_client
 from ..errors import AgentJobsError, DecisionRefusedError, InvalidRequestError, UnknownRunError
 from ..logs import known_secrets
-from ..redis_streams import RedisStreams
 from ..settings import Settings, get_settings
 from ..store import Store
+from ..streams.redis_streams import RedisStreams
 from .text import visible
 
 P = ParamSpec("P")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import click
 from rich.text import Text
 
-from ..stream import Frame
+from ..streams.base import Frame
 from .common import out
 from .text import json_text, visible
 

@@ -12,7 +12,7 @@ import click
 
 from ..runners.inline import InlineRunner
 from ..store import Store
-from ..stream import Frame
+from ..streams.base import Frame
 from .common import (
     EXIT_FAILED,
     EXIT_UNAVAILABLE,

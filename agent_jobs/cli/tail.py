@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import click
 
-from ..redis_streams import RedisStreams
 from ..store import Store
-from ..stream import END_TYPES, Frame
+from ..streams.base import END_TYPES, Frame
+from ..streams.redis_streams import RedisStreams
 from .common import EXIT_FAILED, err, fail, handle_errors, out, redis_streams, store
 from .frames import follow
 from .prompt import command, decide_commands

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..messages import args_sha256
 from ..store import Store
-from ..stream import Frame
+from ..streams.base import Frame
 from .common import err
 from .text import visible
 

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..approvals import answers_step, approval_step, decision_from_call
+from ..approvals.record import answers_step, approval_step, decision_from_call
 from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher, ResendingDispatcher
 from ..errors import (
     AgentJobsError,
@@ -61,7 +61,7 @@ from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..store.schema import journal as journal_table
 from ..store.schema import runs as runs_table
-from ..stream import RunStream, StreamBackend
+from ..streams.base import RunStream, StreamBackend
 from .common import (
     Ending,
     Finished,

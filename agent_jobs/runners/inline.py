@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..approvals import (
+from ..approvals.record import (
     answers_step,
     approval_step,
     decision_from_call,
@@ -54,7 +54,7 @@ from ..store import journal as journal_rows
 from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
-from ..stream import Frame, MemoryStreams, RunStream
+from ..streams.base import Frame, MemoryStreams, RunStream
 from .common import (
     Ending,
     RunRequest,

@@ -31,8 +31,8 @@ from agent_jobs.models.pricing import PriceTable
 from agent_jobs.models.registry import ProviderSettings
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
-from agent_jobs.stream import stream_key
-from agent_jobs.stream_text import assemble_text, is_attempt_marker
+from agent_jobs.streams.base import stream_key
+from agent_jobs.streams.text import assemble_text, is_attempt_marker
 from tests.conftest import truncate_all
 from tests.workers import ROOT, Process, service_env, start_beat, worker
 

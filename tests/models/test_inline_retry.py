@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from agent_jobs import InlineRunner, Store
 from agent_jobs.models.registry import ProviderSettings
 from agent_jobs.settings import Settings
-from agent_jobs.stream_text import assemble_text, is_attempt_marker
+from agent_jobs.streams.text import assemble_text, is_attempt_marker
 
 
 @pytest.mark.parametrize("adapter", ["openai", "anthropic"])

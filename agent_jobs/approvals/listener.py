@@ -32,13 +32,13 @@ from pydantic import Field
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .approval_messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
-from .approvals import answers_step, approval_step
-from .approvals_stream import ApprovalsStream, Entry
-from .client import Client
-from .errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
-from .logs import log_context
-from .settings import Settings, SettingsBase, get_settings
+from ..client import Client
+from ..errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
+from ..logs import log_context
+from ..settings import Settings, SettingsBase, get_settings
+from .messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
+from .record import answers_step, approval_step
+from .stream import ApprovalsStream, Entry
 
 log = logging.getLogger(__name__)
 

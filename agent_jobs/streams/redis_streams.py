@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from .stream import END_TYPES, Frame, frame_json, stream_key
+from .base import END_TYPES, Frame, frame_json, stream_key
 
 log = logging.getLogger(__name__)
 

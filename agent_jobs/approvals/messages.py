@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .approvals import contains_nul, verify_signature
-from .runners.common import ID_PATTERN
+from ..runners.common import ID_PATTERN
+from .record import contains_nul
+from .signing import verify_signature
 
 HEX64 = r"^[0-9a-fA-F]{64}$"
 # Printable, no spaces or control characters: ids end up in log lines.

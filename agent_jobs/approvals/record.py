@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from .app import AgentApp
-from .errors import DecisionRefusedError, UnknownCallError, UnknownRunError
-from .hooks import Decision
-from .messages import args_sha256, canonical_json
-from .store import journal, questions, runs, toolcalls
+from ..app import AgentApp
+from ..errors import DecisionRefusedError, UnknownCallError, UnknownRunError
+from ..hooks import Decision
+from ..messages import args_sha256
+from ..store import journal, questions, runs, toolcalls
 
 Recorded = Literal["recorded", "already_decided"]
 
@@ -149,28 +147,3 @@ def decision_from_call(call: Any) -> Decision | None:
     if call is None or call.decision is None:
         return None
     return Decision(decision=call.decision, actor=call.decided_by, reason=call.decision_reason)
-
-
-def sign(message: dict[str, Any], secret: str) -> str:
-    """Hex HMAC-SHA256 of the message without `sig`, as canonical JSON (CONTRACT §4)."""
-    body = {k: v for k, v in message.items() if k != "sig"}
-    return hmac.new(
-        secret.encode("utf-8"), canonical_json(body).encode("utf-8"), hashlib.sha256
-    ).hexdigest()
-
-
-def verify_signature(message: dict[str, Any], secret: str) -> bool:
-    """Whether `sig` is the message's signature; False, never an exception, for
-    anything a sender can put in the message."""
-    sig = message.get("sig")
-    # compare_digest raises TypeError on non-ASCII text, and a hex digest is ASCII.
-    if not isinstance(sig, str) or not sig.isascii():
-        return False
-    try:
-        expected = sign(message, secret)
-    except (UnicodeEncodeError, RecursionError):
-        # A lone surrogate (JSON "\ud800") has no UTF-8 form, and JSON nested about as
-        # deep as the parser allows can be too deep to serialise again: neither can be
-        # checked, so neither is signed.
-        return False
-    return hmac.compare_digest(sig, expected)
