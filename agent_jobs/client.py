@@ -17,8 +17,8 @@ from .approvals.record import record_answers, record_decision
 from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .hooks import Decision
-from .runners.common import RunRequest, admit_run
-from .runners.common import post_message as post_to_inbox
+from .runs import RunRequest, admit_run
+from .runs import post_message as post_to_inbox
 from .settings import Settings, get_settings
 from .store import RunView, Store
 

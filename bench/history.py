@@ -19,7 +19,7 @@ from typing import Any
 
 from agent_jobs import AgentApp, InlineRunner, ScriptedModel, SlidingWindowHistory, Store
 from agent_jobs.messages import Message, ToolCall
-from agent_jobs.runners.common import RunRequest, create_run
+from agent_jobs.runs import RunRequest, create_run
 from agent_jobs.settings import Settings
 from agent_jobs.store import threads
 

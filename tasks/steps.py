@@ -8,7 +8,7 @@ from celery import Task, shared_task
 
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
 from agent_jobs.errors import AgentJobsError, RetryLater
-from agent_jobs.runners.common import RunRequest
+from agent_jobs.runs import RunRequest
 
 from .base import AgentJobsTask
 from .runtime import runtime

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent_jobs import session
-from agent_jobs.runners.common import RunRequest, create_run
+from agent_jobs.runs import RunRequest, create_run
 from agent_jobs.session import Event, fold_consumed_work, fold_inbox
 from agent_jobs.store import Store
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..runners.common import ID_PATTERN
+from ..runs import ID_PATTERN
 from .record import contains_nul
 from .signing import verify_signature
 

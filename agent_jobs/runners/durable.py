@@ -51,6 +51,7 @@ from ..hooks import (
 )
 from ..leases import Holder, Leases
 from ..loop import run_agent_loop
+from ..runs import RunRequest, check_request, create_run
 from ..settings import Settings
 from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
 from ..store import RunView, Store, toolcalls
@@ -62,16 +63,13 @@ from ..store.db import utcnow
 from ..store.schema import journal as journal_table
 from ..store.schema import runs as runs_table
 from ..streams.base import RunStream, StreamBackend
-from .common import (
+from .turn import (
     Ending,
     Finished,
-    RunRequest,
     account_discarded_usage,
     ask_waterfall,
-    check_request,
     child_request,
     child_run_id,
-    create_run,
     delegation_step,
     finish_turn,
     start_turn,

@@ -47,6 +47,7 @@ from ..hooks import (
     settle,
 )
 from ..loop import run_agent_loop
+from ..runs import RunRequest, admit_run, create_run, post_message
 from ..settings import Settings, get_settings
 from ..steps import ModelTurn, dump
 from ..store import RunView, Store, toolcalls
@@ -55,20 +56,16 @@ from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import Frame, MemoryStreams, RunStream
-from .common import (
+from .turn import (
     Ending,
-    RunRequest,
-    admit_run,
     ask_waterfall,
     child_request,
     child_run_id,
-    create_run,
     delegation_intent,
     delegation_outcome,
     delegation_started,
     delegation_step,
     finish_turn,
-    post_message,
     start_turn,
     turn_for,
     waiting_label,

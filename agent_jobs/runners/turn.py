@@ -1,158 +1,29 @@
-"""What both runners share: the run request, run creation, and a turn's inputs."""
+"""What both runners do around the loop: its inputs, a turn's start and end, delegation
+bookkeeping, discarded usage, and asking the request-error waterfall."""
 
 from __future__ import annotations
 
 import hashlib
-import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import Connection
 
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..errors import InvalidRequestError, ModelError, StepRejectedError
+from ..errors import ModelError, StepRejectedError
 from ..executor import StepEnv
 from ..hooks import Delegation, DelegationOutcome
 from ..loop import LoopDeps, TurnInput
 from ..messages import Usage
 from ..retry import RequestErrorAction, RequestErrorPayload, resolve
+from ..runs import RunRequest, start_next_turn
 from ..settings import Settings
-from ..store import RunView, Store, threads
+from ..store import RunView
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store import usage as usage_rows
-from ..store.db import utcnow
-
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
-
-
-def today() -> str:
-    """The UTC day a run is stamped with once, when it is created."""
-    return datetime.now(UTC).date().isoformat()
-
-
-class RunRequest(BaseModel):
-    """The kwargs of `agent_jobs.start_run` (CONTRACT §3), validated."""
-
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
-
-    agent: str = Field(min_length=1, max_length=200)
-    input: str = Field(min_length=1, max_length=1_000_000)
-    actor: str = Field(default="anonymous", min_length=1, max_length=200)
-    thread_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    run_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    persona: str | None = Field(default=None, max_length=200)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("metadata", mode="before")
-    @classmethod
-    def _metadata(cls, value: Any) -> Any:
-        return {} if value is None else value
-
-    @classmethod
-    def of(cls, agent: str, input: str, **fields: Any) -> RunRequest:
-        """A request from keyword arguments (None values mean the defaults)."""
-        given = {k: v for k, v in fields.items() if v is not None}
-        return cls.parse({"agent": agent, "input": input, **given})
-
-    @classmethod
-    def parse(cls, data: dict[str, Any]) -> RunRequest:
-        """Validate `data`; a bad request is an `InvalidRequestError` naming each fault."""
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            faults = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(request)'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise InvalidRequestError(f"invalid run request: {faults}") from None
-
-
-def admit_run(
-    store: Store, app: AgentApp, request: RunRequest, *, runner: str, status: run_rows.RunStatus
-) -> tuple[str, bool]:
-    """Check a request against the app and write its run row: (run id, created).
-
-    Nothing is written for a request naming an agent or persona the app lacks.
-    """
-    check_request(app, request)
-    run_id = request.run_id or new_id()
-    with store.begin() as conn:
-        created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
-    return run_id, created
-
-
-def post_message(
-    conn: Connection, app: AgentApp, run_or_thread: str, text: str, *, target: str, runner: str
-) -> tuple[str, str | None]:
-    """Queue a message on a thread's inbox: (thread id, the run it started, if any).
-
-    A `next-turn` message to an idle thread whose last run belongs to `runner` starts
-    that thread's next turn at once.
-    """
-    thread_id, _ = session.resolve_thread(conn, run_or_thread)
-    active = session.active_run(conn, thread_id)
-    session.push(conn, thread_id, active.id if active else None, target, text)
-    if target != "next-turn" or active is not None:
-        return thread_id, None
-    last = session.last_run(conn, thread_id)
-    if last is None or last.runner != runner:
-        return thread_id, None
-    return thread_id, start_next_turn(conn, app, RunView.from_row(last), runner=runner)
-
-
-def check_request(app: AgentApp, request: RunRequest) -> None:
-    """Refuse a request naming an agent or persona this app does not define."""
-    app.get_agent(request.agent)
-    app.get_persona(request.persona)
-
-
-def create_run(
-    conn: Connection,
-    request: RunRequest,
-    *,
-    run_id: str,
-    runner: str,
-    status: run_rows.RunStatus,
-    app: AgentApp | None = None,
-    parent_run_id: str | None = None,
-    root_run_id: str | None = None,
-    depth: int = 0,
-) -> bool:
-    """Write the thread (if new) and the run row; False when the run already exists.
-
-    With the app at hand, an agent's `default_timeout` becomes the run's deadline.
-    """
-    thread_id = request.thread_id or run_id
-    threads.ensure_thread(conn, thread_id)
-    created = run_rows.insert_run(
-        conn,
-        run_id=run_id,
-        thread_id=thread_id,
-        agent=request.agent,
-        actor=request.actor,
-        persona=request.persona,
-        input=request.input,
-        status=status,
-        runner=runner,
-        day=today(),
-        metadata=request.metadata,
-        parent_run_id=parent_run_id,
-        root_run_id=root_run_id,
-        depth=depth,
-    )
-    timeout = app.get_agent(request.agent).options.default_timeout if app is not None else None
-    if created and timeout:
-        run_rows.set_deadline(conn, run_id, utcnow() + timedelta(seconds=timeout))
-    return created
 
 
 def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput, LoopDeps]:
@@ -181,9 +52,6 @@ def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput
 def waiting_label(tool: str, call_id: str) -> str:
     """How a parked run says where it stands, e.g. `awaiting_approval refund call_2`."""
     return f"awaiting_approval {tool} {call_id}"
-
-
-# --- the turn's lifecycle, shared by both runners --------------------------------------
 
 
 def start_turn(env: StepEnv, run: RunView) -> None:
@@ -322,27 +190,6 @@ def account_discarded_usage(conn: Connection, run: RunView) -> None:
             spent=spent,
         )
         usage_rows.bump_quota(conn, actor=run.actor, day=run.day, tokens=spent.total_tokens)
-
-
-def start_next_turn(
-    conn: Connection, app: AgentApp, previous: RunView, *, runner: str
-) -> str | None:
-    """Turn the first `next-turn` message of the thread into a new run (queued)."""
-    run_id = new_id()
-    text = session.claim_next_turn(conn, previous.thread_id, run_id)
-    if text is None:
-        return None
-    request = RunRequest(
-        agent=previous.agent,
-        input=text,
-        actor=previous.actor,
-        thread_id=previous.thread_id,
-        persona=previous.persona,
-        metadata={"after_run": previous.run_id},
-    )
-    status: run_rows.RunStatus = "queued" if runner == "durable" else "running"
-    create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
-    return run_id
 
 
 @dataclass(frozen=True)
