@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import logging
-import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from .errors import AppLoadError, ConfigurationError, UnknownAgentError
+from .errors import ConfigurationError, UnknownAgentError
 from .history import SlidingWindowHistory
 from .messages import ModelSettings, ToolSpec
 from .models.base import Model
@@ -20,7 +15,6 @@ from .retry import RequestErrorMiddleware
 from .tools import Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
-log = logging.getLogger(__name__)
 PreStepListenerT = TypeVar("PreStepListenerT", bound=PreStepListener)
 RequestErrorMiddlewareT = TypeVar("RequestErrorMiddlewareT", bound=RequestErrorMiddleware)
 
@@ -283,59 +277,3 @@ def delegation_spec(agent: AgentSpec) -> ToolSpec:
             "additionalProperties": False,
         },
     )
-
-
-def load_app(path: str | None) -> AgentApp:
-    """The `AgentApp` named by `module:attribute`, or the bundled demo when None."""
-    if not path:
-        from .demo import app as demo_app
-        from .models.registry import default_model_from_settings
-
-        # The demo's support agent runs on a real model when AGENT_JOBS_MODEL names one,
-        # in the CLI and in the workers alike. A process without the provider's key (the
-        # approvals listener, say) keeps the scripted demo, and says so.
-        try:
-            model = default_model_from_settings()
-        except ConfigurationError as exc:
-            log.warning("AGENT_JOBS_MODEL is not usable here (%s); the demo stays scripted", exc)
-            model = None
-        if model is not None:
-            demo_app.get_agent("support").model = model
-        return demo_app
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise AppLoadError(f"AGENT_JOBS_APP={path!r} must look like 'package.module:attribute'")
-    # As `celery -A` does: the working directory is importable while the app loads,
-    # so `myagents:app` works from the project's directory without PYTHONPATH, and
-    # sys.path is left as it was found.
-    try:
-        cwd = os.getcwd()
-    except FileNotFoundError:  # the directory was removed under us
-        cwd = ""
-    added = bool(cwd) and cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        # Only when the app's own module (or a package of it) is missing: an import
-        # failing inside it is the module's problem, not a matter of where we looked.
-        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
-        where = ""
-        if cwd and missing and (module_name == missing or module_name.startswith(f"{missing}.")):
-            where = f" (looked in the current directory {cwd} and on sys.path)"
-        raise AppLoadError(
-            f"AGENT_JOBS_APP={path!r}: cannot import {module_name!r}: {exc}{where}"
-        ) from exc
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(cwd)
-    try:
-        app = getattr(module, attribute)
-    except AttributeError:
-        raise AppLoadError(f"AGENT_JOBS_APP={path!r}: {module_name} has no {attribute!r}") from None
-    if not isinstance(app, AgentApp):
-        raise AppLoadError(f"AGENT_JOBS_APP={path!r} is a {type(app).__name__}, not an AgentApp")
-    app.validate()
-    return app

@@ -12,11 +12,12 @@ import time
 from typing import Any, Literal
 
 from . import session
-from .app import AgentApp, load_app
+from .app import AgentApp
 from .approvals.record import record_answers, record_decision
+from .checkpoints import Decision
 from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
-from .hooks import Decision
+from .loading import load_app
 from .runs import RunRequest, admit_run
 from .runs import post_message as post_to_inbox
 from .settings import Settings, get_settings

@@ -1,5 +1,9 @@
 """The bundled demo: a support agent that looks two things up at once, asks to refund,
-and answers. It runs with no configuration at all (`agent-jobs run "…"`)."""
+and answers. It runs with no configuration at all (`agent-jobs run "…"`).
+
+`build_demo_app(model)` builds a new app each time, so no two callers share its state;
+`load_app(None)` builds it on the model `AGENT_JOBS_MODEL` names.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import time
 
 from .app import AgentApp
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, Usage
-from .models.base import DeltaSink
+from .models.base import DeltaSink, Model
 from .models.scripted import estimate_tokens
 
 ORDERS = {
@@ -21,13 +25,7 @@ SHIPMENTS = {
     "7": {"status": "delivered", "last_seen": "front door", "days_since_update": 1},
 }
 
-app = AgentApp(
-    roles={"cli": ["support", "lead"], "user-7": ["support"], "alice": ["lead"]},
-    name="demo",
-)
 
-
-@app.tool(kind="read")
 def lookup_order(order_id: str) -> dict[str, object]:
     """Look up an order by its id: item, amount paid, carrier."""
     time.sleep(0.3)
@@ -36,7 +34,6 @@ def lookup_order(order_id: str) -> dict[str, object]:
     return ORDERS[order_id]
 
 
-@app.tool(kind="read")
 def track_shipment(order_id: str) -> dict[str, object]:
     """Where the order's parcel is now, according to the carrier."""
     time.sleep(0.3)
@@ -45,7 +42,6 @@ def track_shipment(order_id: str) -> dict[str, object]:
     return SHIPMENTS[order_id]
 
 
-@app.tool(kind="action", roles=["support"], approvers=["lead"])
 def refund(order_id: str, amount: float) -> dict[str, object]:
     """Refund an amount on an order. Needs a lead's approval."""
     return {"order_id": order_id, "refunded": amount, "reference": f"RF-{order_id}-001"}
@@ -126,9 +122,20 @@ class SupportDemoModel:
         )
 
 
-app.agent(
-    "support",
-    model=SupportDemoModel(),
-    system="You are a support agent. Look things up before acting; refunds need approval.",
-    tools=["lookup_order", "track_shipment", "refund"],
-)
+def build_demo_app(model: Model | None = None) -> AgentApp:
+    """A new demo app whose support agent runs on `model` (default: the scripted
+    `SupportDemoModel`)."""
+    app = AgentApp(
+        roles={"cli": ["support", "lead"], "user-7": ["support"], "alice": ["lead"]},
+        name="demo",
+    )
+    app.tool(kind="read")(lookup_order)
+    app.tool(kind="read")(track_shipment)
+    app.tool(kind="action", roles=["support"], approvers=["lead"])(refund)
+    app.agent(
+        "support",
+        model=model if model is not None else SupportDemoModel(),
+        system="You are a support agent. Look things up before acting; refunds need approval.",
+        tools=["lookup_order", "track_shipment", "refund"],
+    )
+    return app

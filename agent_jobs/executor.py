@@ -20,30 +20,32 @@ from sqlalchemy import Connection
 
 from . import diagnostics, prestep, session
 from .app import AgentApp, AgentSpec
+from .checkpoints import (
+    CallVerdict,
+    Done,
+    Persisted,
+    Prepared,
+    QuotaVerdict,
+    ThreadSnapshot,
+    ToolOutcome,
+)
 from .errors import ModelError, ToolError
 from .messages import Message, ModelResponse, ModelSettings
 from .models.base import Model
 from .steps import (
-    CallVerdict,
-    Done,
     Intent,
     InvokeTool,
     LoadThread,
     ModelTurn,
     PersistAssistant,
-    Persisted,
     PersistToolCall,
     PersistToolExec,
     PersistUserMessage,
-    Prepared,
     PrepareStep,
     QuotaCheck,
-    QuotaVerdict,
     RecordUsage,
     SetTitle,
     Summarize,
-    ThreadSnapshot,
-    ToolOutcome,
 )
 from .store import events as event_rows
 from .store import runs, threads, toolcalls

@@ -8,11 +8,10 @@ has a sensible default so a runner supplies only what it changes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
-
+from .checkpoints import Decision, DelegationOutcome
 from .errors import ApprovalError, ControlFlowSignal
 from .messages import ToolCall
 from .steps import Intent
@@ -26,18 +25,6 @@ class StepCall:
 
     name: str
     intent: Intent
-
-
-class Decision(BaseModel):
-    """A human's decision on an `action` call."""
-
-    decision: Literal["approve", "reject"]
-    actor: str
-    reason: str | None = None
-
-    @property
-    def approved(self) -> bool:
-        return self.decision == "approve"
 
 
 @dataclass(frozen=True)
@@ -60,22 +47,6 @@ class AnswersWait:
 
 
 @dataclass(frozen=True)
-class SinkOpen:
-    run_id: str
-
-
-class TurnSink(Protocol):
-    """The live stream as the loop sees it: it only ever closes it, on completion."""
-
-    def close(self, output: str) -> None: ...
-
-
-class NullTurnSink:
-    def close(self, output: str) -> None:
-        return None
-
-
-@dataclass(frozen=True)
 class Delegation:
     """Run another agent on `task` as a child of `run_id`."""
 
@@ -84,13 +55,6 @@ class Delegation:
     agent: str
     task: str
     depth: int
-
-
-class DelegationOutcome(BaseModel):
-    ok: bool
-    output: str | None = None
-    error: str | None = None
-    child_run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,8 +81,6 @@ class Patch:
 class LoopHooks:
     """Defaults: sequential `parallel`, every patch taken, no humans to ask."""
 
-    label: str = field(default="base")
-
     def step(self, call: StepCall) -> Any:
         raise NotImplementedError("a runner must supply hooks.step")
 
@@ -130,9 +92,6 @@ class LoopHooks:
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
         raise ApprovalError(f"run {wait.run_id} asks questions but nobody can answer them")
-
-    def open_sink(self, request: SinkOpen) -> TurnSink:
-        return NullTurnSink()
 
     def run_agent(self, delegation: Delegation) -> DelegationOutcome:
         return DelegationOutcome(ok=False, error="this runner cannot delegate to other agents")

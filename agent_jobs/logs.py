@@ -86,7 +86,7 @@ def _celery_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         if len(args) > 1 and isinstance(args[1], str):
             fields["step"] = args[1]
     if data.get("name") == START_RUN:
-        # Without a run_id, a started run is named after its task (CONTRACT §3).
+        # Without a run_id, a started run is named after its task: its id is the task id.
         kwargs = _literal(data.get("kwargs"))
         run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
         fields["run_id"] = run_id if isinstance(run_id, str) and run_id else data.get("id")

@@ -17,7 +17,17 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from . import checkpoints as names
 from .app import AgentApp, AgentSpec, Persona
+from .checkpoints import (
+    CallVerdict,
+    Done,
+    Persisted,
+    Prepared,
+    QuotaVerdict,
+    ThreadSnapshot,
+    ToolOutcome,
+)
 from .errors import (
     MaxStepsExceededError,
     QuotaExceededError,
@@ -32,31 +42,23 @@ from .hooks import (
     LoopHooks,
     ParallelBlock,
     Patch,
-    SinkOpen,
     StepCall,
 )
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, args_sha256
 from .steps import (
-    CallVerdict,
-    Done,
     Intent,
     InvokeTool,
     LoadThread,
     ModelTurn,
     PersistAssistant,
-    Persisted,
     PersistToolCall,
     PersistToolExec,
     PersistUserMessage,
-    Prepared,
     PrepareStep,
     QuotaCheck,
-    QuotaVerdict,
     RecordUsage,
     SetTitle,
     Summarize,
-    ThreadSnapshot,
-    ToolOutcome,
 )
 
 R = TypeVar("R", bound=BaseModel)
@@ -103,23 +105,19 @@ def _step(hooks: LoopHooks, name: str, intent: Intent, result: type[R]) -> R:
 
 def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnResult:
     """Drive one turn to its final answer (or raise a typed `TurnError`)."""
-    # No try/finally around the sink: a durable runner suspends by raising through
-    # here, and a suspend must not close the live stream.
-    sink = hooks.open_sink(SinkOpen(turn.run_id))
-
     # Checked even without a budget, so that configuring one later does not change the
     # shape of runs already in flight.
     check = QuotaCheck(actor=turn.actor, day=deps.day, limit=deps.quota_limit)
-    verdict = _step(hooks, "quota:check", check, QuotaVerdict)
+    verdict = _step(hooks, names.QUOTA_CHECK, check, QuotaVerdict)
     if verdict.exceeded and verdict.limit is not None:
         raise QuotaExceededError(turn.actor, deps.day, verdict.used, verdict.limit)
 
     persist = PersistUserMessage(run_id=turn.run_id, thread_id=turn.thread_id, content=turn.text)
-    _step(hooks, "persist:user", persist, Persisted)
+    _step(hooks, names.PERSIST_USER, persist, Persisted)
     window = deps.agent.history
     limit = window.message_limit if window is not None else None
     load = LoadThread(run_id=turn.run_id, thread_id=turn.thread_id, message_limit=limit)
-    snapshot = _step(hooks, "load:thread", load, ThreadSnapshot)
+    snapshot = _step(hooks, names.LOAD_THREAD, load, ThreadSnapshot)
     history = list(snapshot.messages)
     # The window changed which checkpoints a turn writes: gated, so a run that began
     # before it existed finishes on the old shape. With no window, never reached.
@@ -142,7 +140,7 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
             step=n,
             defaults=defaults,
         )
-        prepared = _step(hooks, f"prepare:{n}", boundary, Prepared)
+        prepared = _step(hooks, names.prepare(n), boundary, Prepared)
         if prepared.rejected is not None:
             raise StepRejectedError(n, prepared.rejected)
         carried = [
@@ -158,29 +156,28 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
             tools=specs,
             settings=prepared.settings,
         )
-        reply = _step(hooks, f"model:{n}", ModelTurn(request=request), ModelResponse)
+        reply = _step(hooks, names.model(n), ModelTurn(request=request), ModelResponse)
         usage = RecordUsage(
             run_id=turn.run_id,
             thread_id=turn.thread_id,
             actor=turn.actor,
             day=deps.day,
-            step=f"model:{n}",
+            step=names.model(n),
             model=reply.model,
             usage=reply.usage,
         )
-        _step(hooks, f"usage:{n}", usage, Done)
+        _step(hooks, names.usage(n), usage, Done)
         calls = _unique_calls(reply.tool_calls, seen, n)
         assistant = PersistAssistant(
             run_id=turn.run_id, thread_id=turn.thread_id, text=reply.text, tool_calls=calls
         )
-        _step(hooks, f"persist:assistant:{n}", assistant, Persisted)
+        _step(hooks, names.assistant(n), assistant, Persisted)
         history.append(Message(role="assistant", content=reply.text, tool_calls=calls))
 
         if not calls:
             if not snapshot.answered and snapshot.title is None:
                 title = SetTitle(thread_id=turn.thread_id, title=derive_title(turn.text))
-                _step(hooks, "persist:title", title, Done)
-            sink.close(reply.text)
+                _step(hooks, names.PERSIST_TITLE, title, Done)
             return TurnResult(output=reply.text, model_calls=n)
 
         history.extend(tools.run(calls))
@@ -200,18 +197,18 @@ def _bounded(
     if not split.dropped or window.summarizer is None:
         return split.kept
     ask = Summarize(run_id=turn.run_id, agent=deps.agent.name, messages=split.dropped)
-    summary = _step(hooks, "history:summarize", ask, ModelResponse)
+    summary = _step(hooks, names.SUMMARIZE, ask, ModelResponse)
     usage = RecordUsage(
         run_id=turn.run_id,
         thread_id=turn.thread_id,
         actor=turn.actor,
         day=deps.day,
-        step="history:summarize",
+        step=names.SUMMARIZE,
         kind="summary",
         model=summary.model,
         usage=summary.usage,
     )
-    _step(hooks, "usage:summary", usage, Done)
+    _step(hooks, names.SUMMARY_USAGE, usage, Done)
     return [summary_message(summary.text), *split.kept]
 
 
@@ -251,17 +248,19 @@ class _Tools:
             offered=self.offered,
             depth=self.turn.depth,
         )
-        return _step(self.hooks, f"persist:toolcall:{call.id}", intent, CallVerdict)
+        return _step(self.hooks, names.toolcall(call.id), intent, CallVerdict)
 
     def invoke(self, call: ToolCall) -> ToolOutcome:
         """`tool:<id>`; a tool that asks questions waits for answers, then runs again."""
-        outcome = self._invoke(call, f"tool:{call.id}", None)
+        outcome = self._invoke(call, names.tool(call.id), None)
         for round in range(1, MAX_QUESTION_ROUNDS + 1):
             if outcome.questions is None:
                 return outcome
-            wait = AnswersWait(self.turn.run_id, f"{call.id}:{round}", outcome.questions, call)
+            wait = AnswersWait(
+                self.turn.run_id, names.answers_request(call.id, round), outcome.questions, call
+            )
             answers = self.hooks.await_answers(wait)
-            outcome = self._invoke(call, f"tool:{call.id}:{round + 1}", answers)
+            outcome = self._invoke(call, names.tool(call.id, round + 1), answers)
         if outcome.questions is not None:
             return ToolOutcome(ok=False, error="the tool kept asking questions; giving up")
         return outcome
@@ -326,7 +325,7 @@ class _Tools:
 
     def persist_outcome(self, call: ToolCall, outcome: ToolOutcome | None) -> Message:
         if outcome is None:  # pragma: no cover - settle() always fills value or error
-            raise StepFailedError(f"tool:{call.id}", "the tool produced no outcome")
+            raise StepFailedError(names.tool(call.id), "the tool produced no outcome")
         if outcome.ok:
             return self.persist(
                 call, "executed", content=_content(outcome.result), result=outcome.result
@@ -355,7 +354,7 @@ class _Tools:
             error=error,
             content=content,
         )
-        _step(self.hooks, f"persist:toolexec:{call.id}", intent, Persisted)
+        _step(self.hooks, names.toolexec(call.id), intent, Persisted)
         return Message(
             role="tool",
             content=content,
@@ -371,7 +370,11 @@ def _unique_calls(calls: list[ToolCall], seen: set[str], n: int) -> list[ToolCal
     for i, call in enumerate(calls, start=1):
         call_id = call.id.strip()[:150] or f"call_{n}_{i}"
         if call_id in seen:
-            call_id = f"{call_id}~{n}.{i}"
+            base, again = f"{call_id}~{n}.{i}", 0
+            call_id = base
+            while call_id in seen:  # the model may have given that id as well
+                again += 1
+                call_id = f"{base}.{again}"
         seen.add(call_id)
         unique.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
     return unique

@@ -32,7 +32,8 @@ def today() -> str:
 
 
 class RunRequest(BaseModel):
-    """The kwargs of `agent_jobs.start_run` (CONTRACT §3), validated."""
+    """The keyword arguments of `agent_jobs.start_run`, validated (README, "Enqueueing runs
+    from other services")."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 

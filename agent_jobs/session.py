@@ -14,12 +14,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection
 
 from .errors import InvalidRequestError, UnknownRunError
 from .store import events as event_rows
 from .store import runs as run_rows
-from .store.schema import runs as runs_table
 
 Target = Literal["next-step", "next-turn"]
 TARGETS: tuple[str, ...] = ("next-step", "next-turn")
@@ -172,17 +171,12 @@ def resolve_thread(conn: Connection, run_or_thread: str) -> tuple[str, Any | Non
 
 def active_run(conn: Connection, thread_id: str) -> Any | None:
     """The thread's unfinished top-level run, if any."""
-    return event_rows.active_run(conn, thread_id)
+    return run_rows.active_run(conn, thread_id)
 
 
 def last_run(conn: Connection, thread_id: str) -> Any | None:
     """The thread's newest top-level run: a new turn continues with its agent and actor."""
-    return conn.execute(
-        select(runs_table)
-        .where(runs_table.c.thread_id == thread_id, runs_table.c.parent_run_id.is_(None))
-        .order_by(runs_table.c.created_at.desc())
-        .limit(1)
-    ).first()
+    return run_rows.last_run(conn, thread_id)
 
 
 # --- commands (inside the caller's transaction) ------------------------------------------
@@ -245,19 +239,10 @@ def request_cancel(
     affected: list[str] = []
     for index, target in enumerate(run_rows.run_tree_ids(conn, run_id)):
         own_cause = cause if index == 0 else "parent"
-        updated = conn.execute(
-            update(runs_table)
-            .where(
-                runs_table.c.id == target,
-                runs_table.c.status.not_in(run_rows.TERMINAL),
-                runs_table.c.cancel_cause.is_(None),
-            )
-            .values(cancel_cause=own_cause, cancel_keep_inbox=keep_inbox)
-            .returning(runs_table.c.thread_id)
-        ).first()
-        if updated is not None:
+        thread_id = run_rows.record_cancel(conn, target, own_cause, keep_inbox=keep_inbox)
+        if thread_id is not None:
             stopping = {"cause": own_cause, "keep_inbox": keep_inbox}
-            event_rows.append(conn, [(updated.thread_id, target, "turn/stopping", stopping)])
+            event_rows.append(conn, [(thread_id, target, "turn/stopping", stopping)])
             affected.append(target)
     return affected
 

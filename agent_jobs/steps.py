@@ -2,8 +2,9 @@
 
 An intent says *what* to do; `executor.py` knows *how*. The inline runner executes
 an intent at once; the durable runner journals it and lets a Celery task execute it.
-Every intent names the type of its result, so both runners hand the loop the same
-parsed value (the inline runner round-trips results through JSON as well).
+What a step returns is one of the results in `checkpoints.py`; both runners hand the
+loop its JSON form, which the loop parses (the inline runner round-trips results
+through JSON as well, so a replay reads back exactly what a first run saw).
 """
 
 from __future__ import annotations
@@ -12,67 +13,13 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from .messages import Message, ModelRequest, ModelResponse, ModelSettings, ToolCall, Usage
+from .messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 
 
 class Intent(BaseModel):
     """Base of every intent. `remote` steps run in their own Celery task."""
 
     remote: ClassVar[bool] = False
-    result_type: ClassVar[type[BaseModel]]
-
-
-# --- results -------------------------------------------------------------------------
-
-
-class Done(BaseModel):
-    """A step with nothing to report."""
-
-
-class Persisted(BaseModel):
-    message_id: int
-
-
-class QuotaVerdict(BaseModel):
-    used: int
-    limit: int | None = None  # None: no budget for this actor
-
-    @property
-    def exceeded(self) -> bool:
-        return self.limit is not None and self.used >= self.limit
-
-
-class ThreadSnapshot(BaseModel):
-    """What a turn reads of its thread: recent messages, title, whether ever answered."""
-
-    messages: list[Message]
-    title: str | None = None
-    answered: bool = False
-
-
-class CallVerdict(BaseModel):
-    """Decided inside `persist:toolcall:<id>`: a replay reads it, never the registry."""
-
-    kind: Literal["read", "action", "agent"]
-    status: Literal["auto_executed", "pending_approval", "failed"]
-    error: str | None = None
-
-
-class Prepared(BaseModel):
-    """What a step carries in, decided once at its boundary (a replay reads it back)."""
-
-    claimed: list[str] = Field(default_factory=list)  # steering taken from the inbox
-    messages: list[str] = Field(default_factory=list)  # carried in by pre-step listeners
-    new_series: bool = False
-    rejected: str | None = None
-    settings: ModelSettings = Field(default_factory=ModelSettings)
-
-
-class ToolOutcome(BaseModel):
-    ok: bool
-    result: Any = None
-    error: str | None = None
-    questions: list[dict[str, Any]] | None = None  # the tool asked; the run waits for answers
 
 
 # --- intents -------------------------------------------------------------------------
@@ -80,7 +27,6 @@ class ToolOutcome(BaseModel):
 
 class QuotaCheck(Intent):
     type: Literal["quota_check"] = "quota_check"
-    result_type = QuotaVerdict
     actor: str
     day: str
     limit: int | None
@@ -88,7 +34,6 @@ class QuotaCheck(Intent):
 
 class PersistUserMessage(Intent):
     type: Literal["persist_user"] = "persist_user"
-    result_type = Persisted
     run_id: str
     thread_id: str
     content: str
@@ -96,7 +41,6 @@ class PersistUserMessage(Intent):
 
 class LoadThread(Intent):
     type: Literal["load_thread"] = "load_thread"
-    result_type = ThreadSnapshot
     run_id: str
     thread_id: str
     message_limit: int | None = None
@@ -106,7 +50,6 @@ class PrepareStep(Intent):
     """The step boundary: claim steering, capture the model selection, ask listeners."""
 
     type: Literal["prepare_step"] = "prepare_step"
-    result_type = Prepared
     run_id: str
     thread_id: str
     agent: str
@@ -119,7 +62,6 @@ class Summarize(Intent):
     """`history:summarize`: fold what the window left out into a summary (a model call)."""
 
     type: Literal["summarize"] = "summarize"
-    result_type = ModelResponse
     remote = True
     run_id: str
     agent: str
@@ -128,14 +70,12 @@ class Summarize(Intent):
 
 class ModelTurn(Intent):
     type: Literal["model_turn"] = "model_turn"
-    result_type = ModelResponse
     remote = True
     request: ModelRequest
 
 
 class RecordUsage(Intent):
     type: Literal["record_usage"] = "record_usage"
-    result_type = Done
     run_id: str
     thread_id: str
     actor: str
@@ -148,7 +88,6 @@ class RecordUsage(Intent):
 
 class PersistAssistant(Intent):
     type: Literal["persist_assistant"] = "persist_assistant"
-    result_type = Persisted
     run_id: str
     thread_id: str
     text: str
@@ -157,7 +96,6 @@ class PersistAssistant(Intent):
 
 class PersistToolCall(Intent):
     type: Literal["persist_toolcall"] = "persist_toolcall"
-    result_type = CallVerdict
     run_id: str
     thread_id: str
     agent: str
@@ -170,7 +108,6 @@ class PersistToolCall(Intent):
 
 class InvokeTool(Intent):
     type: Literal["invoke_tool"] = "invoke_tool"
-    result_type = ToolOutcome
     remote = True
     run_id: str
     agent: str
@@ -182,7 +119,6 @@ class InvokeTool(Intent):
 
 class PersistToolExec(Intent):
     type: Literal["persist_toolexec"] = "persist_toolexec"
-    result_type = Persisted
     run_id: str
     thread_id: str
     call: ToolCall
@@ -194,7 +130,6 @@ class PersistToolExec(Intent):
 
 class SetTitle(Intent):
     type: Literal["set_title"] = "set_title"
-    result_type = Done
     thread_id: str
     title: str
 

@@ -29,7 +29,7 @@ def task_fields(
     if args and isinstance(args[0], str):
         fields["run_id"] = args[0]
     elif name == START_RUN:
-        # Without a run_id, a started run is named after the task (CONTRACT §3).
+        # Without a run_id, a started run is named after the task: its id is the task id.
         run_id = kwargs.get("run_id")
         fields["run_id"] = run_id if isinstance(run_id, str) and run_id else task_id
     if len(args) > 1 and isinstance(args[1], str):

@@ -12,9 +12,9 @@ from celery.signals import worker_process_init
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from agent_jobs.app import load_app
 from agent_jobs.dispatch import CeleryDispatcher
 from agent_jobs.leases import Leases
+from agent_jobs.loading import load_app
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store

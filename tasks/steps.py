@@ -16,9 +16,10 @@ from .runtime import runtime
 
 @shared_task(base=AgentJobsTask, name=START_RUN, bind=True)
 def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
-    """Start a run from another service's kwargs (CONTRACT §3); its id defaults to ours."""
+    """Start a run from the keyword arguments another service sent; without a `run_id`,
+    the run is named after this task (README, "Enqueueing runs from other services")."""
     if args:
-        return "refused: agent_jobs.start_run takes keyword arguments only (CONTRACT §3)"
+        return "refused: agent_jobs.start_run takes keyword arguments only (send them as kwargs)"
     runner = runtime(self.app).runner
     try:
         request = RunRequest.parse(kwargs)

@@ -434,6 +434,22 @@ app.agent(
     ),
     tools=["schedule"],
 )
+# Two reads of one turn that both ask: the fan-out waits on two people at once.
+app.agent(
+    "planner2",
+    model=CountingModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "schedule", "args": {"what": "a call"}},
+                    {"name": "schedule", "args": {"what": "a visit"}},
+                ]
+            },
+            {"text": "planned both"},
+        ]
+    ),
+    tools=["schedule"],
+)
 
 
 # --- a bounded history ---------------------------------------------------------------------

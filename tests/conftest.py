@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -123,11 +124,14 @@ def durable_workers(pg_url: str, durable_broker: str) -> Iterator[object]:
     proc.stop()
 
 
-@pytest.fixture(params=["inline", "durable"])
-def harness(
-    request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[object]:
-    """The same scenarios on the inline runner and on the durable one (real workers)."""
+def _truncate(url: str) -> None:
+    store = Store.from_url(url)
+    truncate_all(store)
+    store.engine.dispose()
+
+
+@contextmanager
+def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator[object]:
     from agent_jobs import InlineRunner
     from agent_jobs.client import Client
     from agent_jobs.dispatch import CeleryDispatcher, celery_client
@@ -137,22 +141,51 @@ def harness(
     from . import apps
     from .harness import DurableHarness, InlineHarness
 
-    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
     store = Store.from_url(pg_url)
-    truncate_all(store)
-    if request.param == "inline":
-        yield InlineHarness(InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05))
-    else:
+    try:
+        if kind == "inline":
+            yield InlineHarness(
+                InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
+            )
+            return
         broker = request.getfixturevalue("durable_broker")
         request.getfixturevalue("durable_workers")
         celery = celery_client(broker, SESSION_QUEUE)
         settings = Settings(broker_url=broker, database_url=pg_url, queue=SESSION_QUEUE)
         client = Client(store, apps.app, settings, CeleryDispatcher(celery))
         streams = RedisStreams.from_url(broker)
-        yield DurableHarness(client, streams)
-        streams.client.close()
-        celery.close()
-    store.engine.dispose()
+        try:
+            yield DurableHarness(client, streams)
+        finally:
+            streams.client.close()
+            celery.close()
+    finally:
+        store.engine.dispose()
+
+
+@pytest.fixture(params=["inline", "durable"])
+def harness(
+    request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
+    """The same scenarios on the inline runner and on the durable one (real workers)."""
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    _truncate(pg_url)
+    with _harness(request.param, request, pg_url) as made:
+        yield made
+
+
+@pytest.fixture
+def both_harnesses(
+    request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[object, object]]:
+    """The inline runner and the durable one side by side, on one database."""
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    _truncate(pg_url)
+    with (
+        _harness("inline", request, pg_url) as inline,
+        _harness("durable", request, pg_url) as durable,
+    ):
+        yield inline, durable
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 What posts messages or enqueues runs here does it the way another service would: a
 subprocess that imports Celery or redis-py but never `agent_jobs`, or `redis-cli`.
-Signatures are computed with the standard library alone, from CONTRACT §4's words.
+Signatures are computed with the standard library alone, from the README's words
+("Approvals on the Redis channel").
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def canonical(message: dict[str, Any]) -> bytes:
 
 
 def signed(message: dict[str, Any], secret: str = SECRET) -> dict[str, Any]:
-    """The message with `sig`: hex HMAC-SHA256 of its canonical JSON (CONTRACT §4)."""
+    """The message with `sig`: hex HMAC-SHA256 of its canonical JSON (sorted keys,
+    separators `(",", ":")`, UTF-8, non-ASCII characters unescaped)."""
     sig = hmac.new(secret.encode(), canonical(message), hashlib.sha256).hexdigest()
     return {**message, "sig": sig}
 

@@ -18,8 +18,8 @@ import pytest
 
 from agent_jobs.app import AgentApp
 from agent_jobs.approvals.record import record_answers, record_decision
+from agent_jobs.checkpoints import Decision
 from agent_jobs.errors import DecisionRefusedError
-from agent_jobs.hooks import Decision
 from agent_jobs.messages import args_sha256
 
 from .doors_helpers import ROOT, Doors, approval, cli, open_doors, signed, wait_for

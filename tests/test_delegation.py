@@ -81,6 +81,32 @@ def test_a_question_is_asked_and_answered(harness: Harness) -> None:
     assert [what for what, _ in executed(run_id)].count("schedule") == 1
 
 
+def test_two_reads_of_one_turn_that_both_ask_wait_for_both_answers(harness: Harness) -> None:
+    run_id = harness.start("planner2", "set up a call and a visit")
+    answered: set[str] = set()
+    days = iter(["Friday", "Monday"])
+    deadline = time.monotonic() + 30
+    while len(answered) < 2:
+        for asked in harness.store.open_questions(run_id):
+            if asked["request_id"] not in answered:
+                day = next(days)
+                assert harness.client.answer(run_id, asked["request_id"], {"q1": day}, actor="bob")
+                answered.add(asked["request_id"])
+        run = harness.store.get_run(run_id)
+        assert not run.finished, f"{run.status}: {run.error}"
+        assert time.monotonic() < deadline, f"answered {answered}; run {run.status}"
+        time.sleep(0.05)
+    run = harness.wait(run_id)
+    assert run.status == "completed", run.error
+    assert run.output == "planned both"
+    results = sorted(str(c["result"]) for c in harness.store.tool_calls(run_id))
+    assert results == ["a call booked for Friday", "a visit booked for Monday"] or results == [
+        "a call booked for Monday",
+        "a visit booked for Friday",
+    ]
+    assert [what for what, _ in executed(run_id)].count("schedule") == 2
+
+
 def test_a_persona_wraps_the_prompt_and_narrows_the_tools(harness: Harness) -> None:
     run_id = harness.start("support", "hello", persona="pirate")
     deadline = time.monotonic() + 20

@@ -406,7 +406,7 @@ def test_forged_step_tasks_change_nothing(local: Any) -> None:
     # A valid approval then moves the run on to its end.
     with runner.store.begin() as conn:
         from agent_jobs.approvals.record import record_decision
-        from agent_jobs.hooks import Decision
+        from agent_jobs.checkpoints import Decision
 
         record_decision(
             conn, apps.app, run_id, "call_2", Decision(decision="approve", actor="alice")
@@ -452,8 +452,8 @@ def test_forged_step_tasks_on_a_real_worker_cannot_wedge_a_parked_run(cluster: C
 
 def test_a_decision_with_a_nul_is_refused_and_changes_nothing(local: Any) -> None:
     from agent_jobs.approvals.record import record_decision
+    from agent_jobs.checkpoints import Decision
     from agent_jobs.errors import DecisionRefusedError
-    from agent_jobs.hooks import Decision
 
     runner, recorder = local
     run_id = _new_run(runner, "gated", "nul-reason")

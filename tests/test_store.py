@@ -216,3 +216,185 @@ def test_the_head_constant_is_alembics_head() -> None:
     from agent_jobs.store.db import head_revision
 
     assert head_revision() == HEAD
+
+
+# --- one insert-unless-exists on both dialects --------------------------------------------
+
+
+def test_insert_unless_exists_keeps_the_first_row(store: Store) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from agent_jobs.store.db import insert_unless_exists, utcnow
+    from agent_jobs.store.schema import journal as journal_table
+    from agent_jobs.store.schema import threads as threads_table
+
+    now = utcnow()
+    with store.begin() as conn:
+        assert insert_unless_exists(
+            conn,
+            threads_table,
+            {"id": "t9", "title": "first", "created_at": now, "updated_at": now},
+        )
+        assert not insert_unless_exists(
+            conn,
+            threads_table,
+            {"id": "t9", "title": "second", "created_at": now, "updated_at": now},
+        )
+        threads.ensure_thread(conn, "t9")  # idempotent, and keeps the row as it was
+        assert threads.thread_title(conn, "t9") == "first"
+        row = {"run_id": "r", "seq": 1, "state": "scheduled", "attempts": 0, "created_at": now}
+        assert insert_unless_exists(conn, journal_table, {**row, "step": "a"})
+        # An explicit key: the same (run, step) is skipped…
+        key = [journal_table.c.run_id, journal_table.c.step]
+        assert not insert_unless_exists(conn, journal_table, {**row, "step": "a"}, conflict=key)
+    # …but a clash on another unique index (run, seq) is not swallowed.
+    with pytest.raises(IntegrityError), store.begin() as conn:
+        insert_unless_exists(conn, journal_table, {**row, "step": "b"})
+    assert [r["step"] for r in store.journal("r")] == ["a"]
+
+
+def test_usage_recorded_reads_the_ledger(store: Store) -> None:
+    from agent_jobs.messages import Usage
+
+    _run(store)
+    with store.begin() as conn:
+        assert not usage_rows.usage_recorded(conn, "r1", "model:1")
+        usage_rows.record_usage(
+            conn,
+            run_id="r1",
+            thread_id="t1",
+            actor="u",
+            day="2026-01-01",
+            step="model:1",
+            kind="model",
+            model=None,
+            spent=Usage(input_tokens=1, output_tokens=2),
+        )
+        assert usage_rows.usage_recorded(conn, "r1", "model:1")
+        assert not usage_rows.usage_recorded(conn, "r1", "model:2")
+        assert not usage_rows.usage_recorded(conn, "r2", "model:1")
+
+
+# --- run queries that used to live outside store/ ------------------------------------------
+
+
+def _add_run(store: Store, run_id: str, status: str, **columns: object) -> None:
+    """A run of thread t1 in `status`; `columns` overwrite the row's other columns."""
+    from sqlalchemy import update
+
+    from agent_jobs.store.schema import runs as runs_table
+
+    with store.begin() as conn:
+        threads.ensure_thread(conn, "t1")
+        parent = columns.pop("parent_run_id", None)
+        assert runs.insert_run(
+            conn,
+            run_id=run_id,
+            thread_id="t1",
+            agent="a",
+            actor="u",
+            persona=None,
+            input="x",
+            status="queued",
+            runner="durable",
+            day="2026-01-01",
+            metadata={},
+            parent_run_id=parent,  # type: ignore[arg-type]
+        )
+        conn.execute(
+            update(runs_table).where(runs_table.c.id == run_id).values(status=status, **columns)
+        )
+
+
+def test_active_and_last_run_are_top_level_runs_of_the_thread(store: Store) -> None:
+    from datetime import timedelta
+
+    from agent_jobs import session
+    from agent_jobs.store.db import utcnow
+
+    t0 = utcnow() - timedelta(hours=1)
+    with store.begin() as conn:
+        assert runs.active_run(conn, "t1") is None and runs.last_run(conn, "t1") is None
+    _add_run(store, "old", "running", created_at=t0)
+    _add_run(store, "done", "completed", created_at=t0 + timedelta(minutes=1))
+    _add_run(store, "child", "running", created_at=t0 + timedelta(minutes=2), parent_run_id="old")
+    with store.begin() as conn:
+        assert runs.active_run(conn, "t1").id == "old"  # type: ignore[union-attr]
+        assert runs.last_run(conn, "t1").id == "done"  # type: ignore[union-attr]
+        assert session.active_run(conn, "t1").id == "old"
+        assert session.last_run(conn, "t1").id == "done"
+        assert runs.finish_run(conn, "old", "failed")
+        for terminal in runs.TERMINAL:
+            assert runs.set_status(conn, "done", "running", only_if_not_terminal=False)
+            assert runs.finish_run(conn, "done", terminal)  # type: ignore[arg-type]
+            assert runs.active_run(conn, "t1") is None
+
+
+def test_the_first_cancel_cause_wins_and_a_finished_run_takes_none(store: Store) -> None:
+    _add_run(store, "r1", "awaiting_approval")
+    _add_run(store, "r2", "completed")
+    with store.begin() as conn:
+        assert runs.record_cancel(conn, "r1", "user", keep_inbox=True) == "t1"
+        assert runs.record_cancel(conn, "r1", "timeout", keep_inbox=False) is None
+        assert runs.record_cancel(conn, "r2", "user", keep_inbox=False) is None
+        assert runs.record_cancel(conn, "nope", "user", keep_inbox=False) is None
+    view = store.get_run("r1")
+    assert (view.cancel_cause, view.cancel_keep_inbox) == ("user", True)
+    assert store.get_run("r2").cancel_cause is None
+
+
+def test_the_sweep_picks_each_kind_of_stranded_run_and_no_other(store: Store) -> None:
+    from datetime import timedelta
+
+    from agent_jobs.store.db import utcnow
+
+    now = utcnow()
+    old, cutoff, fresh = now - timedelta(minutes=10), now - timedelta(minutes=5), now
+    picked: set[str] = set()
+
+    def add(run_id: str, status: str, *, pick: bool, **columns: object) -> None:
+        _add_run(store, run_id, status, **columns)
+        if pick:
+            picked.add(run_id)
+
+    def journal_row(run_id: str, step: str, state: str, finished_at: object) -> None:
+        row = journal.row(run_id=run_id, step=step, seq=1, state="scheduled", intent={})
+        row.update(state=state, finished_at=finished_at)
+        with store.begin() as conn:
+            journal.insert_many(conn, [row])
+
+    # 1. Queued or running, no progress since the cutoff.
+    add("stale-queued", "queued", pick=True, updated_at=old)
+    add("stale-running", "running", pick=True, updated_at=old)
+    add("fresh-running", "running", pick=False, updated_at=fresh)
+    # 2. Parked, decided (approval/answers row done) after the run's last update.
+    add("decided", "awaiting_approval", pick=True, updated_at=old)
+    journal_row("decided", "approval:c1", "done", old + timedelta(minutes=1))
+    add("answered", "awaiting_answers", pick=True, updated_at=old)
+    journal_row("answered", "answers:q1", "done", old + timedelta(minutes=1))
+    add("undecided", "awaiting_approval", pick=False, updated_at=old)
+    journal_row("undecided", "approval:c1", "waiting", None)
+    add("decided-before", "awaiting_approval", pick=False, updated_at=old)
+    journal_row("decided-before", "approval:c1", "done", old - timedelta(minutes=1))
+    add("other-step-done", "awaiting_answers", pick=False, updated_at=old)
+    journal_row("other-step-done", "tool:c1", "done", old + timedelta(minutes=1))
+    add("decided-fresh", "awaiting_approval", pick=False, updated_at=fresh)
+    journal_row("decided-fresh", "approval:c1", "done", fresh + timedelta(seconds=1))
+    # 3. A cancel asked for and never acted on.
+    add("cancel-parked", "awaiting_approval", pick=True, updated_at=old, cancel_cause="user")
+    add("cancel-fresh", "awaiting_approval", pick=False, updated_at=fresh, cancel_cause="user")
+    add("cancel-done", "cancelled", pick=False, updated_at=old, cancel_cause="user")
+    # 4. Overdue: past the deadline and unfinished, however fresh.
+    add("overdue", "awaiting_answers", pick=True, updated_at=fresh, deadline=cutoff)
+    add("due-later", "running", pick=False, updated_at=fresh, deadline=now + timedelta(hours=1))
+    add("overdue-done", "completed", pick=False, updated_at=old, deadline=cutoff)
+    # Finished runs are never picked.
+    for status in sorted(runs.TERMINAL):
+        add(f"finished-{status}", status, pick=False, updated_at=old)
+
+    with store.connect() as conn:
+        assert set(runs.stale_run_ids(conn, cutoff=cutoff, now=now)) == picked
+        # `now` decides what is overdue: an hour on, the later deadline is past too.
+        later = now + timedelta(hours=2)
+        assert set(runs.stale_run_ids(conn, cutoff=cutoff, now=later)) == picked | {"due-later"}
+    assert set(store.stale_run_ids(cutoff=cutoff)) == picked

@@ -20,8 +20,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from agent_jobs import AgentApp
-from agent_jobs.app import load_app
 from agent_jobs.errors import AppLoadError, ToolInputError
+from agent_jobs.loading import load_app
 from agent_jobs.tools import QuestionsAsked, Tool, ToolContext
 
 from .apps import executed

@@ -32,12 +32,12 @@ from pydantic import Field
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .. import checkpoints as names
 from ..client import Client
 from ..errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
 from ..logs import log_context
 from ..settings import Settings, SettingsBase, get_settings
 from .messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
-from .record import answers_step, approval_step
 from .stream import ApprovalsStream, Entry
 
 log = logging.getLogger(__name__)
@@ -452,7 +452,7 @@ class ApprovalsListener:
 def _step(outcome: Outcome) -> str | None:
     """The journal step a decision or answers complete."""
     if outcome.call_id:
-        return approval_step(outcome.call_id)
+        return names.approval(outcome.call_id)
     if outcome.request_id:
-        return answers_step(outcome.request_id)
+        return names.answers(outcome.request_id)
     return None

@@ -1,4 +1,7 @@
-"""Messages on the approvals channel (CONTRACT §4): parsed, verified, or refused with a reason.
+"""Messages on the approvals channel: parsed, verified, or refused with a reason.
+
+Their fields, signing and refusals are documented in the README, "Approvals on the
+Redis channel".
 
 Nothing here touches a database: a message is refused for what it is (too large, not
 JSON, badly signed, malformed) before anything looks it up.

@@ -6,9 +6,10 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
+from .. import checkpoints as names
 from ..app import AgentApp
+from ..checkpoints import Decision
 from ..errors import DecisionRefusedError, UnknownCallError, UnknownRunError
-from ..hooks import Decision
 from ..messages import args_sha256
 from ..store import journal, questions, runs, toolcalls
 
@@ -30,11 +31,6 @@ def contains_nul(value: Any) -> bool:
         elif isinstance(item, list | tuple):
             stack.extend(item)
     return False
-
-
-def approval_step(call_id: str) -> str:
-    """The journal row a turn waits on for a decision about `call_id`."""
-    return f"approval:{call_id}"
 
 
 def record_decision(
@@ -95,14 +91,9 @@ def record_decision(
     ):
         return "already_decided"
     journal.complete(
-        conn, run_id, approval_step(call_id), state="done", result=decision.model_dump(mode="json")
+        conn, run_id, names.approval(call_id), state="done", result=decision.model_dump(mode="json")
     )
     return "recorded"
-
-
-def answers_step(request_id: str) -> str:
-    """The journal row a turn waits on for the answers to request `request_id`."""
-    return f"answers:{request_id}"
 
 
 def record_answers(
@@ -135,7 +126,7 @@ def record_answers(
     journal.complete(
         conn,
         run_id,
-        answers_step(request_id),
+        names.answers(request_id),
         state="done",
         result={"answers": answers, "actor": actor},
     )

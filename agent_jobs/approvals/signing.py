@@ -10,7 +10,8 @@ from ..messages import canonical_json
 
 
 def sign(message: dict[str, Any], secret: str) -> str:
-    """Hex HMAC-SHA256 of the message without `sig`, as canonical JSON (CONTRACT §4)."""
+    """Hex HMAC-SHA256 of the message without `sig`, as canonical JSON: sorted keys,
+    separators `(",", ":")`, UTF-8, non-ASCII characters unescaped."""
     body = {k: v for k, v in message.items() if k != "sig"}
     return hmac.new(
         secret.encode("utf-8"), canonical_json(body).encode("utf-8"), hashlib.sha256

@@ -17,10 +17,11 @@ import sqlalchemy.exc
 from rich.console import Console
 from rich.text import Text
 
-from ..app import AgentApp, load_app
+from ..app import AgentApp
 from ..client import Client
 from ..dispatch import CeleryDispatcher, celery_client
 from ..errors import AgentJobsError, DecisionRefusedError, InvalidRequestError, UnknownRunError
+from ..loading import load_app
 from ..logs import known_secrets
 from ..settings import Settings, get_settings
 from ..store import Store
@@ -162,15 +163,12 @@ def settings() -> Settings:
 
 
 def app() -> AgentApp:
-    """The configured app; the bundled demo runs on `AGENT_JOBS_MODEL` when one is set."""
-    config = settings()
-    if not config.app:
-        from ..models.registry import default_model_from_settings
+    """The configured app; the bundled demo runs on `AGENT_JOBS_MODEL` when one is set.
 
-        # At the terminal an unusable AGENT_JOBS_MODEL is an error, not a quiet fallback
-        # to the scripted demo (which `load_app` allows a process without the key).
-        default_model_from_settings()
-    return load_app(config.app)
+    At the terminal an unusable AGENT_JOBS_MODEL is an error, not a quiet fallback to
+    the scripted demo (which `load_app` allows a process without the key).
+    """
+    return load_app(settings().app, strict_model=True)
 
 
 def store() -> Store:

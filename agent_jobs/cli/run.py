@@ -30,7 +30,7 @@ from .common import (
     store,
     unreachable,
 )
-from .frames import follow
+from .frames import Screen, follow
 from .inspect import run_document
 from .prompt import (
     NoTerminal,
@@ -247,8 +247,10 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     on_approval, on_question = _handlers(asker, args, client.decide, client.answer)
     streams = redis_streams()
     try:
-        frames = (frame for _, frame in live_frames(streams, client.store, run_id))
-        follow(frames, on_approval, on_question, quiet=as_json)
+        screen = Screen()
+        live = live_frames(streams, client.store, run_id, before_warning=screen.aside)
+        frames = (frame for _, frame in live)
+        follow(frames, on_approval, on_question, quiet=as_json, screen=screen)
     except NoTerminal:
         _tell_what_waits(client.store, root, asker.decider)
         if as_json:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -12,7 +12,7 @@ from ..store import Store
 from ..streams.base import END_TYPES, Frame
 from ..streams.redis_streams import RedisStreams
 from .common import EXIT_FAILED, err, fail, handle_errors, out, redis_streams, store
-from .frames import follow
+from .frames import Screen, follow
 from .prompt import command, decide_commands
 from .text import json_text, visible
 from .waiting import Waiting
@@ -24,7 +24,12 @@ SETTLE = 0.5
 
 
 def live_frames(
-    streams: RedisStreams, db: Store, run_id: str, after: str | None = None
+    streams: RedisStreams,
+    db: Store,
+    run_id: str,
+    after: str | None = None,
+    *,
+    before_warning: Callable[[], None] | None = None,
 ) -> Iterator[tuple[str, Frame]]:
     """(entry id, frame) of the run's stream after `after`, live, until the run ends.
 
@@ -32,6 +37,7 @@ def live_frames(
     can add a `done` frame. An end frame counts only when the run's row has ended the
     same way; any other is skipped with a warning. Should the end frame never come (the
     stream expired, or Redis lost it), the row alone ends the stream a moment later.
+    `before_warning` is called before a warning goes to stderr (see `Screen.aside`).
     """
     last = after
     ended = False
@@ -40,13 +46,14 @@ def live_frames(
         for entry_id, frame in streams.read(run_id, last, block=SETTLE if ended else IDLE_CHECK):
             last, quiet = entry_id, False
             if not isinstance(frame, dict):
-                _ignored(entry_id, "it is not a JSON object")
+                _ignored(entry_id, "it is not a JSON object", before_warning)
                 break  # the reader would stumble on it: read on after it afresh
             if frame.get("type") in END_TYPES and frame.get("run_id") == run_id:
                 if _is_the_end(db, run_id, frame):
                     yield entry_id, frame
                     return
-                _ignored(entry_id, f"run {run_id} has not ended as its {frame.get('type')} says")
+                why = f"run {run_id} has not ended as its {frame.get('type')} says"
+                _ignored(entry_id, why, before_warning)
                 continue
             yield entry_id, frame
         if ended and quiet:
@@ -58,7 +65,9 @@ def live_frames(
             ended = run is None or run.finished
 
 
-def _ignored(entry_id: str, why: str) -> None:
+def _ignored(entry_id: str, why: str, before: Callable[[], None] | None) -> None:
+    if before is not None:
+        before()
     err.print(visible(f"warning: ignored the frame {entry_id}: {why}"), style="yellow")
 
 
@@ -104,9 +113,11 @@ def tail(run_id: str, after: str | None, as_json: bool) -> None:
                 click.echo(json.dumps({"id": entry_id, "frame": frame}, ensure_ascii=False))
                 sys.stdout.flush()
         else:
-            frames = (frame for _, frame in live_frames(streams, db, run.root_run_id, after))
+            screen = Screen()
+            live = live_frames(streams, db, run.root_run_id, after, before_warning=screen.aside)
             pointer = _Pointer(Waiting(db, run.root_run_id))
-            follow(frames, pointer.to_approve, pointer.to_answer, quiet=False)
+            frames = (frame for _, frame in live)
+            follow(frames, pointer.to_approve, pointer.to_answer, quiet=False, screen=screen)
     finally:
         streams.client.close()
     sys.exit(exit_code(db, run.root_run_id))

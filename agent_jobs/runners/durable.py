@@ -16,287 +16,46 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import redis
-from sqlalchemy import Connection, and_, exists, select
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .. import diagnostics, session
+from .. import diagnostics
 from ..app import AgentApp
-from ..approvals.record import answers_step, approval_step, decision_from_call
-from ..dispatch import INVOKE_TOOL, MODEL_TURN, Dispatcher, ResendingDispatcher
-from ..errors import (
-    AgentJobsError,
-    ModelError,
-    NonDeterminismError,
-    RetryLater,
-    StepFailedError,
-    Suspend,
-)
-from ..executor import StepEnv, execute_local, execute_remote
-from ..hooks import (
-    AnswersWait,
-    ApprovalWait,
-    Decision,
-    Delegation,
-    DelegationOutcome,
-    LoopHooks,
-    Patch,
-    SinkOpen,
-    StepCall,
-    TurnSink,
-)
+from ..dispatch import Dispatcher, ResendingDispatcher
+from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
+from ..executor import StepEnv, execute_remote
 from ..leases import Holder, Leases
 from ..loop import run_agent_loop
 from ..runs import RunRequest, check_request, create_run
 from ..settings import Settings
-from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
-from ..store import RunView, Store, toolcalls
+from ..steps import ModelTurn, dump, parse_intent
+from ..store import RunView, Store
 from ..store import events as event_rows
 from ..store import journal as journal_rows
-from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
-from ..store.schema import journal as journal_table
-from ..store.schema import runs as runs_table
 from ..streams.base import RunStream, StreamBackend
+from . import waits
+from .replay import DurableHooks, task_for
 from .turn import (
     Ending,
     Finished,
     account_discarded_usage,
+    announce_end,
     ask_waterfall,
-    child_request,
-    child_run_id,
-    delegation_step,
     finish_turn,
     start_turn,
+    stop_cause,
     turn_for,
-    waiting_label,
 )
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = frozenset({"scheduled", "started"})
-
-
-def task_for(intent: Intent) -> str:
-    """The Celery task that carries out a remote intent."""
-    if isinstance(intent, ModelTurn | Summarize):
-        return MODEL_TURN
-    if isinstance(intent, InvokeTool):
-        return INVOKE_TOOL
-    raise TypeError(f"{type(intent).__name__} is not a remote step")
-
-
-class _Output:
-    def __init__(self) -> None:
-        self.value: str | None = None
-
-    def close(self, output: str) -> None:
-        self.value = output
-
-
-@dataclass
-class _Parked:
-    """Where a suspended pass left the run."""
-
-    status: run_rows.RunStatus = "running"
-    labels: list[str] = field(default_factory=list)
-
-
-class DurableHooks(LoopHooks):
-    """One coordinator pass: replays the journal, runs new local steps in `conn`."""
-
-    def __init__(
-        self,
-        conn: Connection,
-        run: RunView,
-        rows: list[Any],
-        env: StepEnv,
-        disabled_patches: frozenset[str],
-    ) -> None:
-        super().__init__(label="durable")
-        self.conn = conn
-        self.run = run
-        self.env = env
-        self.disabled_patches = disabled_patches
-        self.by_seq = {row.seq: row for row in rows}
-        self.by_name = {row.step: row for row in rows}
-        self.pos = 0
-        self.to_dispatch: list[tuple[str, str]] = []
-        self.children: list[str] = []  # delegated runs to start once this pass commits
-        self.new_rows: list[dict[str, Any]] = []  # inserted in one statement before commit
-        self.parked = _Parked()
-        self.output = _Output()
-
-    # --- positions ---------------------------------------------------------------------
-
-    def _recorded(self, name: str) -> Any | None:
-        """The journal row at the next position, checked against the step asked for."""
-        self.pos += 1
-        row = self.by_seq.get(self.pos)
-        if row is not None:
-            if row.step != name:
-                raise NonDeterminismError(self.pos, row.step, name)
-            return row
-        if name in self.by_name:
-            raise NonDeterminismError(self.pos, None, name)
-        return None
-
-    def _record(
-        self, name: str, state: journal_rows.StepState, intent: Any, result: Any = None
-    ) -> None:
-        self.new_rows.append(
-            journal_rows.row(
-                run_id=self.run.run_id,
-                step=name,
-                seq=self.pos,
-                state=state,
-                intent=intent,
-                result=result,
-            )
-        )
-        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos)
-
-    def _wait(self, label: str, status: run_rows.RunStatus = "running") -> Suspend:
-        self.parked.labels.append(label)
-        if status != "running":
-            self.parked.status = status
-        return Suspend(label)
-
-    # --- hooks -------------------------------------------------------------------------
-
-    def step(self, call: StepCall) -> Any:
-        row = self._recorded(call.name)
-        if row is not None:
-            if row.state == "done":
-                return row.result
-            if row.state == "failed":
-                raise StepFailedError(call.name, row.error or "failed")
-            raise self._wait(call.name)
-        intent = call.intent
-        if intent.remote:
-            self._record(call.name, "scheduled", dump(intent))
-            self.to_dispatch.append((task_for(intent), call.name))
-            raise self._wait(call.name)
-        result = dump(execute_local(intent, self.conn, self.env, call.name))
-        self._record(call.name, "done", dump(intent), result)
-        return result
-
-    def await_approval(self, wait: ApprovalWait) -> Decision:
-        call = wait.call
-        name = approval_step(call.id)
-        label = waiting_label(call.name, call.id)
-        row = self._recorded(name)
-        if row is not None:
-            if row.state == "done":
-                return Decision.model_validate(row.result)
-            raise self._wait(label, "awaiting_approval")
-        decided = decision_from_call(toolcalls.get_call(self.conn, self.run.run_id, call.id))
-        intent = {"call_id": call.id, "tool": call.name, "args": call.args}
-        if decided is not None:
-            self._record(name, "done", intent, decided.model_dump(mode="json"))
-            return decided
-        self._record(name, "waiting", intent)
-        self.env.emit_after_commit(
-            "approval_request",
-            call_id=call.id,
-            tool=call.name,
-            args=call.args,
-            args_sha256=wait.args_sha256,
-        )
-        raise self._wait(label, "awaiting_approval")
-
-    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
-        call = wait.call
-        name = answers_step(wait.request_id)
-        label = f"awaiting_answers {call.name} {wait.request_id}"
-        row = self._recorded(name)
-        if row is not None:
-            if row.state == "done":
-                answers: dict[str, Any] = row.result["answers"]
-                return answers
-            raise self._wait(label, "awaiting_answers")
-        intent = {"request_id": wait.request_id, "call_id": call.id, "tool": call.name}
-        asked = question_rows.get(self.conn, self.run.run_id, wait.request_id)
-        if asked is not None and asked.answers is not None:
-            self._record(name, "done", intent, {"answers": asked.answers})
-            return dict(asked.answers)
-        if asked is None:
-            question_rows.ask(
-                self.conn,
-                run_id=self.run.run_id,
-                request_id=wait.request_id,
-                call_id=call.id,
-                tool=call.name,
-                asked=wait.questions,
-            )
-        self._record(name, "waiting", intent)
-        self.env.emit_after_commit(
-            "question",
-            request_id=wait.request_id,
-            call_id=call.id,
-            tool=call.name,
-            questions=wait.questions,
-        )
-        raise self._wait(label, "awaiting_answers")
-
-    def open_sink(self, request: SinkOpen) -> TurnSink:
-        return self.output
-
-    def run_agent(self, delegation: Delegation) -> DelegationOutcome:
-        """Start the delegated agent as a child run; the parent waits until it ends."""
-        name = delegation_step(delegation.call.id)
-        child_id = child_run_id(self.run.run_id, delegation.call.id)
-        label = f"agent {delegation.agent} {child_id}"
-        row = self._recorded(name)
-        if row is not None:
-            if row.state == "done":
-                return DelegationOutcome.model_validate(row.result)
-            raise self._wait(label)
-        create_run(
-            self.conn,
-            child_request(self.run, delegation, child_id),
-            run_id=child_id,
-            runner="durable",
-            status="queued",
-            app=self.env.app,
-            parent_run_id=self.run.run_id,
-            root_run_id=self.run.root_run_id,
-            depth=delegation.depth,
-        )
-        intent = {"agent": delegation.agent, "task": delegation.task, "child_run_id": child_id}
-        self._record(name, "waiting", intent)
-        self.children.append(child_id)
-        diagnostics.publish(
-            "delegation.started",
-            lambda: {
-                "run_id": self.run.run_id,
-                "child_run_id": child_id,
-                "agent": delegation.agent,
-            },
-        )
-        raise self._wait(label)
-
-    def patched(self, patch: Patch) -> bool:
-        if patch.id in self.disabled_patches:
-            return False  # as if this code predated the patch: no position is used
-        name = f"patch:{patch.id}"
-        marker = self.by_name.get(name)
-        if marker is not None and marker.seq <= self.pos:
-            return True  # the run took the new shape earlier; asking again costs nothing
-        row = self.by_seq.get(self.pos + 1)
-        if row is not None:
-            if row.step == name:
-                self.pos += 1
-                return True
-            return False  # the run recorded history here before the patch existed
-        # At the frontier nothing recorded depends on the old shape: take the new one.
-        self.pos += 1
-        self._record(name, "done", {"patch": patch.id}, True)
-        return True
 
 
 def _refusal(row: Any, step: str, task: str) -> str | None:
@@ -316,14 +75,6 @@ def _refusal(row: Any, step: str, task: str) -> str | None:
     if kind != task:
         return f"{step} is carried out by {kind}, not {task}"
     return None
-
-
-@dataclass(frozen=True)
-class _Marker:
-    """A row written during this pass, as later calls of the same pass see it."""
-
-    step: str
-    seq: int
 
 
 @dataclass(frozen=True)
@@ -430,7 +181,7 @@ class DurableRunner:
                 # own result re-drives the run. Record this one and spare the replay.
                 env.flush_events(conn)
                 return f"{completion.step} recorded; waiting for its siblings"
-            cause = self._cancel_cause(conn, run)
+            cause = stop_cause(conn, run)
             if cause is not None:
                 ending = Ending.cancelled(cause, run.cancel_keep_inbox)
                 outcome = f"cancelled: {cause}"
@@ -439,9 +190,6 @@ class DurableRunner:
                 if run.status == "queued":
                     start_turn(env, run)
                     wake_at_deadline = run.deadline
-                    diagnostics.publish(
-                        "run.started", lambda: {"run_id": run_id, "agent": run.agent}
-                    )
                 if self.before_replay is not None:
                     self.before_replay(run_id)
                 hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)
@@ -467,10 +215,7 @@ class DurableRunner:
             for child in hooks.children:
                 self.dispatcher.coordinate(child)
         if ending is not None:
-            kind, fields = ending.frame
-            stream.emit(kind, **fields)
-            stream.end()
-            diagnostics.publish("run.finished", lambda: {"run_id": run_id, "status": ending.status})
+            announce_end(stream, ending)
         for woken in (finished.next_run, finished.parent):
             if woken is not None:
                 self.dispatcher.coordinate(woken)
@@ -480,20 +225,17 @@ class DurableRunner:
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
         return outcome
 
-    def _cancel_cause(self, conn: Connection, run: RunView) -> str | None:
-        """The cause to stop the run for now, if any (a passed deadline is one)."""
-        if run.cancel_cause is None and run.deadline is not None and utcnow() >= run.deadline:
-            session.request_cancel(conn, run.run_id, "timeout")
-            return "timeout"
-        return run.cancel_cause
-
     def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
         parked = hooks.parked
         waiting_on = " ".join(parked.labels) if parked.status != "running" else None
         if run.status != parked.status or run.waiting_on != waiting_on:
             run_rows.set_status(conn, run.run_id, parked.status, waiting_on=waiting_on)
-        if run.status != parked.status:
-            hooks.env.emit_after_commit("status", status=parked.status)
+        # A human wait streams its own `status` frame, and so does the wait a person
+        # released the run from; a run released some other way (its wait's row completed
+        # by a repair) says so here.
+        if parked.status == "running" and run.status in waits.PARKED and not hooks.resumed:
+            kind, fields = waits.RESUMED
+            hooks.env.emit_after_commit(kind, **fields)
         if parked.status == "running":
             return "waiting " + " ".join(parked.labels)
         return " ".join(parked.labels)
@@ -671,40 +413,8 @@ class DurableRunner:
     def sweep(self) -> int:
         """Re-drive runs that made no progress for a while; returns how many."""
         cutoff = utcnow() - timedelta(seconds=self.settings.sweep_stale_after)
-        decided_waiting = exists().where(
-            journal_table.c.run_id == runs_table.c.id,
-            journal_table.c.step.like("approval:%") | journal_table.c.step.like("answers:%"),
-            journal_table.c.state == "done",
-            journal_table.c.finished_at > runs_table.c.updated_at,
-        )
         with self.store.connect() as conn:
-            overdue = and_(
-                runs_table.c.deadline < utcnow(),
-                runs_table.c.status.not_in(run_rows.TERMINAL),
-            )
-            stale = (
-                conn.execute(
-                    select(runs_table.c.id).where(
-                        and_(
-                            runs_table.c.updated_at < cutoff,
-                            (runs_table.c.status.in_(("queued", "running")))
-                            | and_(
-                                runs_table.c.status.in_(("awaiting_approval", "awaiting_answers")),
-                                decided_waiting,
-                            )
-                            # A cancel recorded while no wake-up could be sent (the
-                            # broker down): a parked run would wait for ever.
-                            | and_(
-                                runs_table.c.cancel_cause.is_not(None),
-                                runs_table.c.status.not_in(run_rows.TERMINAL),
-                            ),
-                        )
-                        | overdue
-                    )
-                )
-                .scalars()
-                .all()
-            )
+            stale = run_rows.stale_run_ids(conn, cutoff=cutoff)
         for run_id in stale:
             with self.store.begin() as conn:
                 stranded = journal_rows.stranded(conn, run_id, older_than=cutoff)

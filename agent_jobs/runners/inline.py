@@ -21,77 +21,55 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection
 
+from .. import checkpoints as names
 from .. import diagnostics, session
 from ..app import AgentApp
-from ..approvals.record import (
-    answers_step,
-    approval_step,
-    decision_from_call,
-    record_answers,
-    record_decision,
-)
+from ..approvals.record import record_answers, record_decision
+from ..checkpoints import Decision, DelegationOutcome
 from ..errors import AgentJobsError, Cancelled, ModelError
 from ..executor import StepEnv, execute_local, execute_remote
 from ..hooks import (
     AnswersWait,
     ApprovalWait,
-    Decision,
     Delegation,
-    DelegationOutcome,
     LoopHooks,
     ParallelBlock,
     Settled,
-    SinkOpen,
     StepCall,
-    TurnSink,
     settle,
 )
 from ..loop import run_agent_loop
-from ..runs import RunRequest, admit_run, create_run, post_message
+from ..runs import RunRequest, admit_run, post_message
 from ..settings import Settings, get_settings
 from ..steps import ModelTurn, dump
-from ..store import RunView, Store, toolcalls
+from ..store import RunView, Store
 from ..store import journal as journal_rows
-from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import Frame, MemoryStreams, RunStream
+from . import waits
 from .turn import (
     Ending,
+    announce_end,
     ask_waterfall,
-    child_request,
-    child_run_id,
+    create_child,
     delegation_intent,
     delegation_outcome,
-    delegation_started,
-    delegation_step,
     finish_turn,
+    overdue,
     start_turn,
     turn_for,
-    waiting_label,
 )
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class _Output:
-    """The loop closes its sink on completion; the runner sends `done` after committing."""
-
-    def __init__(self) -> None:
-        self.value: str | None = None
-
-    def close(self, output: str) -> None:
-        self.value = output
-
-
 class InlineHooks(LoopHooks):
     def __init__(self, runner: InlineRunner, run: RunView, stream: RunStream) -> None:
-        super().__init__(label="inline")
         self.runner = runner
         self.run = run
         self.stream = stream
-        self.output = _Output()
         self._seq = 0
         self._seq_lock = threading.Lock()
 
@@ -100,17 +78,23 @@ class InlineHooks(LoopHooks):
             self._seq += 1
             return self._seq
 
-    def _env(self) -> StepEnv:
-        # Each step (and each parallel task) gets its own env: buffers never cross threads.
-        return StepEnv(app=self.runner.app, stream=self.stream)
+    def _env(self, step: str | None = None, attempt: int = 1) -> StepEnv:
+        """Each step (and each parallel task) gets its own env: buffers never cross
+        threads. A remote step's frames are tagged with the step and its attempt, as a
+        step task's are."""
+        stream = self.stream
+        if step is not None:
+            stream = RunStream(stream.backend, stream.stream_id, stream.run_id)
+            stream.extra = {"step": step, "attempt": attempt}
+        return StepEnv(app=self.runner.app, stream=stream)
 
     def step(self, call: StepCall) -> Any:
         self.runner._check_cancel(self.run.run_id)  # every step boundary is a stop point
         seq = self._next_seq()
         intent = call.intent
         store = self.runner.store
-        env = self._env()
         if intent.remote:
+            env = self._env(call.name)
             started = utcnow()
             if isinstance(intent, ModelTurn):
                 result = self._model_turn(intent, env, call.name)
@@ -119,6 +103,7 @@ class InlineHooks(LoopHooks):
             with store.begin() as conn:
                 self._journal(conn, env, call, seq, result, started)
             return result
+        env = self._env()
         with store.begin() as conn:
             result = dump(execute_local(intent, conn, env, call.name))
             self._journal(conn, env, call, seq, result, None)
@@ -158,6 +143,7 @@ class InlineHooks(LoopHooks):
         attempt = 1
         while True:
             if attempt > 1:
+                env.stream.extra["attempt"] = attempt
                 env.stream.emit("status", status="retrying", step=step, attempt=attempt)
             try:
                 result = dump(execute_remote(intent, env, step))
@@ -191,46 +177,59 @@ class InlineHooks(LoopHooks):
             return result
 
     def await_approval(self, wait: ApprovalWait) -> Decision:
-        run_id, call = wait.run_id, wait.call
-        store = self.runner.store
-        future: Future[Decision] = self.runner._pending_future(run_id, call.id)
-        with store.begin() as conn:
-            journal_rows.insert_pending(
-                conn,
-                run_id=run_id,
-                step=approval_step(call.id),
-                seq=self._next_seq(),
-                intent={"call_id": call.id, "tool": call.name, "args": call.args},
-                state="waiting",
-            )
-            run_rows.set_status(
-                conn, run_id, "awaiting_approval", waiting_on=waiting_label(call.name, call.id)
-            )
-        self.stream.emit("status", status="awaiting_approval", call_id=call.id, tool=call.name)
-        self.stream.emit(
-            "approval_request",
-            call_id=call.id,
-            tool=call.name,
-            args=call.args,
-            args_sha256=wait.args_sha256,
-        )
+        run_id, store = wait.run_id, self.runner.store
 
         def recorded() -> Decision | None:
             with store.connect() as conn:
-                return decision_from_call(toolcalls.get_call(conn, run_id, call.id))
+                return waits.decided(conn, run_id, wait)
 
-        decision = self._wait_for(future, run_id, call.id, recorded)
+        described = waits.approval(wait)
+        future: Future[Decision] = self.runner._pending_future(run_id, wait.call.id)
         with store.begin() as conn:
-            journal_rows.complete(
-                conn,
-                run_id,
-                approval_step(call.id),
-                state="done",
-                result=decision.model_dump(mode="json"),
-            )
-            run_rows.set_status(conn, run_id, "running")
-        self.stream.emit("status", status="running")
+            self._park(conn, described)
+        self._announce(described.frames)
+        decision = self._wait_for(future, run_id, wait.call.id, recorded)
+        self._resume(described, waits.decision_result(decision))
         return decision
+
+    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
+        run_id, store = wait.run_id, self.runner.store
+
+        def recorded() -> dict[str, Any] | None:
+            with store.connect() as conn:
+                return waits.answered(conn, run_id, wait.request_id)
+
+        described = waits.answers(wait)
+        future: Future[dict[str, Any]] = self.runner._pending_future(run_id, wait.request_id)
+        with store.begin() as conn:
+            waits.ask(conn, run_id, wait)
+            self._park(conn, described)
+        self._announce(described.frames)
+        given = self._wait_for(future, run_id, wait.request_id, recorded)
+        self._resume(described, waits.answers_result(given))
+        return given
+
+    def _park(self, conn: Connection, wait: waits.HumanWait) -> None:
+        """Journal the wait and park the run on it."""
+        run_id = self.run.run_id
+        journal_rows.insert_pending(
+            conn,
+            run_id=run_id,
+            step=wait.step,
+            seq=self._next_seq(),
+            intent=wait.intent,
+            state="waiting",
+        )
+        run_rows.set_status(conn, run_id, wait.status, waiting_on=wait.label)
+
+    def _announce(self, frames: tuple[waits.FrameSpec, ...]) -> None:
+        self.stream.emit_many(list(frames))
+
+    def _resume(self, wait: waits.HumanWait, result: dict[str, Any]) -> None:
+        with self.runner.store.begin() as conn:
+            journal_rows.complete(conn, self.run.run_id, wait.step, state="done", result=result)
+            run_rows.set_status(conn, self.run.run_id, "running")
+        self._announce((waits.RESUMED,))
 
     def _wait_for(
         self, future: Future[T], run_id: str, key: str, recorded: Callable[[], T | None]
@@ -250,80 +249,16 @@ class InlineHooks(LoopHooks):
         finally:
             self.runner._forget_future(run_id, key)
 
-    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
-        run_id, call = wait.run_id, wait.call
-        store = self.runner.store
-        future: Future[dict[str, Any]] = self.runner._pending_future(run_id, wait.request_id)
-        with store.begin() as conn:
-            question_rows.ask(
-                conn,
-                run_id=run_id,
-                request_id=wait.request_id,
-                call_id=call.id,
-                tool=call.name,
-                asked=wait.questions,
-            )
-            journal_rows.insert_pending(
-                conn,
-                run_id=run_id,
-                step=answers_step(wait.request_id),
-                seq=self._next_seq(),
-                intent={"request_id": wait.request_id, "call_id": call.id, "tool": call.name},
-                state="waiting",
-            )
-            label = f"awaiting_answers {call.name} {wait.request_id}"
-            run_rows.set_status(conn, run_id, "awaiting_answers", waiting_on=label)
-        self.stream.emit("status", status="awaiting_answers", request_id=wait.request_id)
-        self.stream.emit(
-            "question",
-            request_id=wait.request_id,
-            call_id=call.id,
-            tool=call.name,
-            questions=wait.questions,
-        )
-
-        def recorded() -> dict[str, Any] | None:
-            with store.connect() as conn:
-                asked = question_rows.get(conn, run_id, wait.request_id)
-            return dict(asked.answers) if asked is not None and asked.answers is not None else None
-
-        answers = self._wait_for(future, run_id, wait.request_id, recorded)
-        with store.begin() as conn:
-            journal_rows.complete(
-                conn,
-                run_id,
-                answers_step(wait.request_id),
-                state="done",
-                result={"answers": answers},
-            )
-            run_rows.set_status(conn, run_id, "running")
-        self.stream.emit("status", status="running")
-        return answers
-
-    def open_sink(self, request: SinkOpen) -> TurnSink:
-        return self.output
-
     def run_agent(self, delegation: Delegation) -> DelegationOutcome:
         """A nested turn on a transient sub-thread, as a child run of its own: it parks on
         a person exactly as a top-level run does, its frames in the ancestor's stream."""
         runner = self.runner
         runner._check_cancel(self.run.run_id)
         seq = self._next_seq()
-        child_id = child_run_id(self.run.run_id, delegation.call.id)
-        request = child_request(self.run, delegation, child_id)
         with runner.store.begin() as conn:
-            create_run(
-                conn,
-                request,
-                run_id=child_id,
-                runner="inline",
-                status="running",
-                app=runner.app,
-                parent_run_id=self.run.run_id,
-                root_run_id=self.run.root_run_id,
-                depth=delegation.depth,
+            child_id = create_child(
+                conn, runner.app, self.run, delegation, runner="inline", status="running"
             )
-        delegation_started(self.run.run_id, delegation, child_id)
         child = runner.store.get_run(child_id)
         runner._turn(child, RunStream(runner.streams, child.root_run_id, child_id))
         ended = runner.store.get_run(child_id)
@@ -332,7 +267,7 @@ class InlineHooks(LoopHooks):
             journal_rows.insert_done(
                 conn,
                 run_id=self.run.run_id,
-                step=delegation_step(delegation.call.id),
+                step=names.delegation(delegation.call.id),
                 seq=seq,
                 intent=delegation_intent(delegation, child_id),
                 result=outcome.model_dump(mode="json"),
@@ -485,11 +420,12 @@ class InlineRunner:
             row = run_rows.get_run(conn, run_id)
         if row is None:
             return
-        if row.cancel_cause is None and row.deadline is not None and utcnow() >= row.deadline:
+        run = RunView.from_row(row)
+        if run.cancel_cause is None and overdue(run):
             self.cancel(run_id, "timeout")
             raise Cancelled("timeout")
-        if row.cancel_cause is not None:
-            raise Cancelled(row.cancel_cause)
+        if run.cancel_cause is not None:
+            raise Cancelled(run.cancel_cause)
 
     def _sleep(self, run_id: str, seconds: float) -> None:
         """Wait before a retry, waking early to stop if the run is cancelled."""
@@ -536,11 +472,10 @@ class InlineRunner:
     def _turn(self, run: RunView, stream: RunStream) -> str | None:
         hooks = InlineHooks(self, run, stream)
         env = StepEnv(app=self.app, stream=stream)
-        diagnostics.publish("run.started", lambda: {"run_id": run.run_id, "agent": run.agent})
         with self.store.begin() as conn:
             start_turn(env, run)
             env.flush_events(conn)
-        stream.emit("status", status="running")
+        env.flush()
         try:
             turn, deps = turn_for(self.app, run, self.settings)
             result = run_agent_loop(turn, deps, hooks)
@@ -555,10 +490,5 @@ class InlineRunner:
             ending = Ending.completed(result.output)
         with self.store.begin() as conn:
             next_run = finish_turn(conn, env, self.app, run, ending).next_run
-        kind, fields = ending.frame
-        stream.emit(kind, **fields)
-        diagnostics.publish(
-            "run.finished",
-            lambda: {"run_id": run.run_id, "status": ending.status, "error": ending.error},
-        )
+        announce_end(stream, ending)
         return next_run

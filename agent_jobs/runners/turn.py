@@ -9,21 +9,25 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
+from .. import checkpoints as names
 from .. import diagnostics, session
 from ..app import AgentApp
+from ..checkpoints import DelegationOutcome
 from ..errors import ModelError, StepRejectedError
 from ..executor import StepEnv
-from ..hooks import Delegation, DelegationOutcome
+from ..hooks import Delegation
 from ..loop import LoopDeps, TurnInput
 from ..messages import Usage
 from ..retry import RequestErrorAction, RequestErrorPayload, resolve
-from ..runs import RunRequest, start_next_turn
+from ..runs import RunRequest, create_run, start_next_turn
 from ..settings import Settings
 from ..store import RunView
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store import usage as usage_rows
+from ..store.db import utcnow
+from ..streams.base import RunStream
 
 
 def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput, LoopDeps]:
@@ -49,15 +53,38 @@ def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput
     return turn, deps
 
 
-def waiting_label(tool: str, call_id: str) -> str:
-    """How a parked run says where it stands, e.g. `awaiting_approval refund call_2`."""
-    return f"awaiting_approval {tool} {call_id}"
-
-
 def start_turn(env: StepEnv, run: RunView) -> None:
-    """The thread's agent goes from idle to running."""
+    """The thread's agent goes from idle to running (events with the caller's
+    transaction, the `running` frame after its commit)."""
     env.event(run.thread_id, run.run_id, "turn/start", request=run.input, agent=run.agent)
     env.event(run.thread_id, run.run_id, "agent/status", status="running")
+    env.emit_after_commit("status", status="running")
+    diagnostics.publish("run.started", lambda: {"run_id": run.run_id, "agent": run.agent})
+
+
+def announce_end(stream: RunStream, ending: Ending) -> None:
+    """Once the end is committed: the stream's last frame, and the diagnostic."""
+    kind, fields = ending.frame
+    stream.emit(kind, **fields)
+    stream.end()
+    diagnostics.publish(
+        "run.finished",
+        lambda: {"run_id": stream.run_id, "status": ending.status, "error": ending.error},
+    )
+
+
+def overdue(run: RunView) -> bool:
+    """The deadline rule: a run past its deadline is stopped as a `timeout` cancel."""
+    return run.deadline is not None and utcnow() >= run.deadline
+
+
+def stop_cause(conn: Connection, run: RunView) -> str | None:
+    """Why the run must stop now, if it must: a cancel asked for, or its deadline passed
+    (then the timeout cancel is recorded here, for it and its children)."""
+    if run.cancel_cause is None and overdue(run):
+        session.request_cancel(conn, run.run_id, "timeout")
+        return "timeout"
+    return run.cancel_cause
 
 
 @dataclass(frozen=True)
@@ -105,7 +132,7 @@ def finish_turn(
         journal_rows.complete(
             conn,
             run.parent_run_id,
-            delegation_step(str(call_id)),
+            names.delegation(str(call_id)),
             state="done",
             result=outcome.model_dump(mode="json"),
         )
@@ -113,11 +140,6 @@ def finish_turn(
     if ending.status != "completed":
         return Finished()
     return Finished(next_run=start_next_turn(conn, app, run, runner=run.runner))
-
-
-def delegation_step(call_id: str) -> str:
-    """The parent's journal row that waits for a delegated run's answer."""
-    return f"agent:{call_id}"
 
 
 def child_run_id(parent_run_id: str, call_id: str) -> str:
@@ -148,15 +170,42 @@ def delegation_outcome(
     )
 
 
-def delegation_intent(delegation: Delegation, child_run_id: str) -> dict[str, Any]:
-    return {"agent": delegation.agent, "task": delegation.task, "child_run_id": child_run_id}
-
-
-def delegation_started(parent_run_id: str, delegation: Delegation, child_run_id: str) -> None:
+def create_child(
+    conn: Connection,
+    app: AgentApp,
+    parent: RunView,
+    delegation: Delegation,
+    *,
+    runner: str,
+    status: run_rows.RunStatus,
+) -> str:
+    """Write the delegated run (unless a replay already did); returns its id."""
+    child_id = child_run_id(parent.run_id, delegation.call.id)
+    create_run(
+        conn,
+        child_request(parent, delegation, child_id),
+        run_id=child_id,
+        runner=runner,
+        status=status,
+        app=app,
+        parent_run_id=parent.run_id,
+        root_run_id=parent.root_run_id,
+        depth=delegation.depth,
+    )
     diagnostics.publish(
         "delegation.started",
-        lambda: {"run_id": parent_run_id, "child_run_id": child_run_id, "agent": delegation.agent},
+        lambda: {"run_id": parent.run_id, "child_run_id": child_id, "agent": delegation.agent},
     )
+    return child_id
+
+
+def delegation_label(delegation: Delegation, child_run_id: str) -> str:
+    """How a parent waiting on a delegated run says where it stands."""
+    return f"agent {delegation.agent} {child_run_id}"
+
+
+def delegation_intent(delegation: Delegation, child_run_id: str) -> dict[str, Any]:
+    return {"agent": delegation.agent, "task": delegation.task, "child_run_id": child_run_id}
 
 
 def account_discarded_usage(conn: Connection, run: RunView) -> None:
@@ -169,13 +218,11 @@ def account_discarded_usage(conn: Connection, run: RunView) -> None:
     for step, row in rows.items():
         if row.state != "done" or not isinstance(row.result, dict):
             continue
-        if step.startswith("model:"):
-            recorded, kind = f"usage:{step.split(':', 1)[1]}" in rows, "model"
-        elif step == "history:summarize":
-            recorded, kind = "usage:summary" in rows, "summary"
-        else:
+        recording = names.usage_of(step)
+        if recording is None:
             continue
-        if recorded or journal_rows.usage_recorded(conn, run.run_id, step):
+        usage_step, kind = recording
+        if usage_step in rows or usage_rows.usage_recorded(conn, run.run_id, step):
             continue
         spent = Usage.model_validate(row.result.get("usage") or {})
         usage_rows.record_usage(

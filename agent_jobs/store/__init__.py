@@ -123,6 +123,11 @@ class Store:
         with self.connect() as conn:
             return runs.run_tree_ids(conn, run_id)
 
+    def stale_run_ids(self, *, cutoff: datetime, now: datetime | None = None) -> list[str]:
+        """The runs the sweep re-drives (`runs.stale_run_ids` says why each is picked)."""
+        with self.connect() as conn:
+            return runs.stale_run_ids(conn, cutoff=cutoff, now=now)
+
     def tool_call(self, run_id: str, call_id: str) -> dict[str, Any] | None:
         with self.connect() as conn:
             row = toolcalls.get_call(conn, run_id, call_id)

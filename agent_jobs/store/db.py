@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Column, Connection, Engine, Table, create_engine, event, inspect, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql.dml import ReturningInsert
 
 from ..errors import ConfigurationError, SchemaNotReadyError
 
@@ -21,6 +24,50 @@ def utcnow() -> datetime:
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+# --- statements both dialects write the same way -----------------------------------------
+
+DIALECTS: tuple[str, ...] = ("postgresql", "sqlite")
+UpsertInsert = postgresql.Insert | sqlite.Insert
+
+
+def dialect_insert(dialect: str, table: Table) -> UpsertInsert:
+    """An `INSERT` into `table` that takes `ON CONFLICT` clauses, for `dialect` (the
+    connection's `dialect.name`: "postgresql", or "sqlite")."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
+_UNLESS_EXISTS: dict[tuple[str, Table, tuple[Column[Any], ...]], ReturningInsert[Any]] = {}
+
+
+def insert_unless_exists(
+    conn: Connection,
+    table: Table,
+    values: Mapping[str, Any],
+    *,
+    conflict: Sequence[Column[Any]] | None = None,
+) -> bool:
+    """Insert the row unless one with the same key exists (one statement on both
+    dialects: `INSERT … ON CONFLICT (key) DO NOTHING`); True when it was inserted.
+
+    The key is `conflict`, the table's primary key by default. A conflict on any other
+    unique index still raises.
+    """
+    key = tuple(conflict) if conflict is not None else tuple(table.primary_key.columns)
+    cached = (conn.dialect.name, table, key)
+    statement = _UNLESS_EXISTS.get(cached)
+    if statement is None:
+        statement = _UNLESS_EXISTS[cached] = (
+            dialect_insert(conn.dialect.name, table)
+            .on_conflict_do_nothing(index_elements=list(key))
+            .returning(key[0])
+        )
+    # rowcount is not reliable for INSERT … ON CONFLICT on every driver; RETURNING is.
+    return conn.execute(statement.values(dict(values))).first() is not None
+
+
+# --- engines and migrations --------------------------------------------------------------
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:

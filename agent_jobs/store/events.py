@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, select, update
 
 from .db import utcnow
-from .schema import events, runs, threads
+from .schema import events, threads
 
 PendingEvent = tuple[str, str | None, str, dict[str, Any]]  # thread, run, type, data
 
@@ -64,20 +64,6 @@ def for_thread(
         params["types"] = list(types)
         return conn.execute(_THREAD_TYPES, params).all()
     return conn.execute(_THREAD, params).all()
-
-
-def active_run(conn: Connection, thread_id: str) -> Any | None:
-    """The thread's unfinished run, if any (the newest)."""
-    return conn.execute(
-        select(runs)
-        .where(
-            runs.c.thread_id == thread_id,
-            runs.c.parent_run_id.is_(None),
-            runs.c.status.not_in(("completed", "failed", "cancelled")),
-        )
-        .order_by(runs.c.created_at.desc())
-        .limit(1)
-    ).first()
 
 
 def lock_thread(conn: Connection, thread_id: str) -> Any | None:

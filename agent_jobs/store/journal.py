@@ -7,11 +7,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Integer, Row, bindparam, func, insert, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .db import utcnow
-from .schema import journal, runs, usage
+from .db import insert_unless_exists, utcnow
+from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
 
@@ -53,44 +51,28 @@ def insert_done(
     result: Any,
     started_at: datetime | None = None,
 ) -> None:
-    now = utcnow()
-    conn.execute(
-        insert(journal).values(
-            run_id=run_id,
-            step=step,
-            seq=seq,
-            state="done",
-            intent=intent,
-            result=result,
-            attempts=1,
-            created_at=started_at or now,
-            started_at=started_at or now,
-            finished_at=now,
-        )
-    )
+    """Record a step that ran in this transaction. A plain INSERT: the run's row lock
+    serialises its writers, so a row already there is a bug that must fail loudly."""
+    values = row(run_id=run_id, step=step, seq=seq, state="done", intent=intent, result=result)
+    if started_at is not None:
+        values["created_at"] = values["started_at"] = started_at
+    conn.execute(_INSERT, values)
 
 
 def insert_pending(
     conn: Connection, *, run_id: str, step: str, seq: int, intent: Any, state: StepState
 ) -> bool:
     """Insert a `scheduled` (or `waiting`) row unless it exists; True when inserted."""
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    result = conn.execute(
-        dialect_insert(journal)
-        .values(
-            run_id=run_id,
-            step=step,
-            seq=seq,
-            state=state,
-            intent=intent,
-            attempts=0,
-            created_at=utcnow(),
-        )
-        .on_conflict_do_nothing(index_elements=[journal.c.run_id, journal.c.step])
-        .returning(journal.c.step)
-    )
-    # rowcount is not reliable for INSERT … ON CONFLICT on every driver; RETURNING is.
-    return result.first() is not None
+    values = {
+        "run_id": run_id,
+        "step": step,
+        "seq": seq,
+        "state": state,
+        "intent": intent,
+        "attempts": 0,
+        "created_at": utcnow(),
+    }
+    return insert_unless_exists(conn, journal, values)
 
 
 def mark_started(
@@ -137,16 +119,6 @@ def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
             journal.c.state.in_(("scheduled", "started")),
         )
         .values(lease_until=until)
-    )
-
-
-def usage_recorded(conn: Connection, run_id: str, step: str) -> bool:
-    """Whether the usage ledger already has a row for this step of the run."""
-    return (
-        conn.execute(
-            select(usage.c.id).where(usage.c.run_id == run_id, usage.c.step == step).limit(1)
-        ).first()
-        is not None
     )
 
 
@@ -214,10 +186,15 @@ _COMPLETE = (
 )
 
 
+_INSERT = insert(journal)
+
+
 def insert_many(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert the rows a coordinator pass produced, in one statement."""
+    """Insert the rows a coordinator pass produced, in one statement. A plain INSERT,
+    like `insert_done`: the pass holds the run's row lock and inserts only steps its
+    replay did not find, so a conflict is a bug, never a race to swallow."""
     if rows:
-        conn.execute(insert(journal), rows)
+        conn.execute(_INSERT, rows)
 
 
 def row(
@@ -229,7 +206,7 @@ def row(
     intent: Any,
     result: Any = None,
 ) -> dict[str, Any]:
-    """A journal row as `insert_many` takes it."""
+    """A journal row as `insert_many` (and `insert_done`) take it."""
     now = utcnow()
     done = state == "done"
     return {

@@ -6,12 +6,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, bindparam, func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, select, update
 
-from .db import utcnow
-from .schema import runs, usage
+from ..checkpoints import HUMAN_WAITS
+from .db import insert_unless_exists, utcnow
+from .schema import journal, runs, usage
 
 RunStatus = Literal[
     "queued",
@@ -53,30 +52,24 @@ def insert_run(
 ) -> bool:
     """Insert the run row; False when a run with this id already exists."""
     now = utcnow()
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    inserted = conn.execute(
-        dialect_insert(runs)
-        .values(
-            id=run_id,
-            thread_id=thread_id,
-            agent=agent,
-            actor=actor,
-            persona=persona,
-            input=input,
-            status=status,
-            runner=runner,
-            day=day,
-            metadata=metadata,
-            parent_run_id=parent_run_id,
-            root_run_id=root_run_id or run_id,
-            depth=depth,
-            created_at=now,
-            updated_at=now,
-        )
-        .on_conflict_do_nothing(index_elements=[runs.c.id])
-        .returning(runs.c.id)
-    )
-    return inserted.first() is not None
+    values = {
+        "id": run_id,
+        "thread_id": thread_id,
+        "agent": agent,
+        "actor": actor,
+        "persona": persona,
+        "input": input,
+        "status": status,
+        "runner": runner,
+        "day": day,
+        "metadata": metadata,
+        "parent_run_id": parent_run_id,
+        "root_run_id": root_run_id or run_id,
+        "depth": depth,
+        "created_at": now,
+        "updated_at": now,
+    }
+    return insert_unless_exists(conn, runs, values)
 
 
 _GET = select(runs).where(runs.c.id == bindparam("run_id"))
@@ -159,6 +152,21 @@ def finish_run(
     return result.rowcount == 1
 
 
+def record_cancel(conn: Connection, run_id: str, cause: str, *, keep_inbox: bool) -> str | None:
+    """Ask an unfinished run to stop, unless a cancel is already recorded: the first
+    cause wins. Returns the run's thread id when this call recorded it, else None."""
+    return conn.execute(
+        update(runs)
+        .where(
+            runs.c.id == run_id,
+            runs.c.status.not_in(TERMINAL),
+            runs.c.cancel_cause.is_(None),
+        )
+        .values(cancel_cause=cause, cancel_keep_inbox=keep_inbox)
+        .returning(runs.c.thread_id)
+    ).scalar()
+
+
 def set_deadline(conn: Connection, run_id: str, deadline: datetime) -> None:
     conn.execute(update(runs).where(runs.c.id == run_id).values(deadline=deadline))
 
@@ -176,6 +184,65 @@ def list_runs(
     if thread_id is not None:
         query = query.where(runs.c.thread_id == thread_id)
     return conn.execute(query).all()
+
+
+def active_run(conn: Connection, thread_id: str) -> Row[Any] | None:
+    """The thread's unfinished top-level run, if any (the newest)."""
+    return conn.execute(
+        select(runs)
+        .where(
+            runs.c.thread_id == thread_id,
+            runs.c.parent_run_id.is_(None),
+            runs.c.status.not_in(TERMINAL),
+        )
+        .order_by(runs.c.created_at.desc())
+        .limit(1)
+    ).first()
+
+
+def last_run(conn: Connection, thread_id: str) -> Row[Any] | None:
+    """The thread's newest top-level run, finished or not."""
+    return conn.execute(
+        select(runs)
+        .where(runs.c.thread_id == thread_id, runs.c.parent_run_id.is_(None))
+        .order_by(runs.c.created_at.desc())
+        .limit(1)
+    ).first()
+
+
+def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = None) -> list[str]:
+    """The runs the sweep re-drives. A run is picked when it is
+
+    - queued or running, and not updated since `cutoff` (its worker died, or its
+      wake-up was lost);
+    - parked (awaiting approval or answers), not updated since `cutoff`, with an
+      `approval:*` or `answers:*` journal row done after the run's last update (the
+      decision or the answers arrived, the wake-up did not);
+    - asked to cancel (`cancel_cause` set) but not finished, and not updated since
+      `cutoff` (a cancel recorded while no wake-up could be sent, the broker down: a
+      parked run would wait for ever);
+    - overdue: past its deadline (at `now`, the current time by default) and not
+      finished, however recently it was updated.
+    """
+    decided_waiting = exists().where(
+        journal.c.run_id == runs.c.id,
+        or_(*(journal.c.step.startswith(prefix) for prefix in HUMAN_WAITS)),
+        journal.c.state == "done",
+        journal.c.finished_at > runs.c.updated_at,
+    )
+    stale = and_(
+        runs.c.updated_at < cutoff,
+        or_(
+            runs.c.status.in_(("queued", "running")),
+            and_(runs.c.status.in_(("awaiting_approval", "awaiting_answers")), decided_waiting),
+            and_(runs.c.cancel_cause.is_not(None), runs.c.status.not_in(TERMINAL)),
+        ),
+    )
+    overdue = and_(
+        runs.c.deadline < (now if now is not None else utcnow()),
+        runs.c.status.not_in(TERMINAL),
+    )
+    return list(conn.execute(select(runs.c.id).where(or_(stale, overdue))).scalars())
 
 
 def run_tree_ids(conn: Connection, run_id: str) -> list[str]:

@@ -5,23 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..messages import Message, ToolCall
-from .db import utcnow
+from .db import insert_unless_exists, utcnow
 from .schema import messages, threads
 
 
 def ensure_thread(conn: Connection, thread_id: str) -> None:
     """Create the thread unless it exists (one statement on both dialects)."""
     now = utcnow()
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    conn.execute(
-        dialect_insert(threads)
-        .values(id=thread_id, created_at=now, updated_at=now)
-        .on_conflict_do_nothing(index_elements=[threads.c.id])
-    )
+    insert_unless_exists(conn, threads, {"id": thread_id, "created_at": now, "updated_at": now})
 
 
 def thread_exists(conn: Connection, thread_id: str) -> bool:

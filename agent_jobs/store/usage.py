@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..messages import Usage
-from .db import utcnow
+from .db import DIALECTS, dialect_insert, utcnow
 from .schema import quota_usage, usage
 
 
@@ -50,15 +48,15 @@ def bump_quota(conn: Connection, *, actor: str, day: str, tokens: int) -> None:
     conn.execute(_BUMP[conn.dialect.name], {"actor": actor, "day": day, "tokens": tokens})
 
 
-def _bump(dialect_insert: Any) -> Any:
-    statement = dialect_insert(quota_usage)
+def _bump(dialect: str) -> Any:
+    statement = dialect_insert(dialect, quota_usage)
     return statement.on_conflict_do_update(
         index_elements=[quota_usage.c.actor, quota_usage.c.day],
         set_={"tokens": quota_usage.c.tokens + statement.excluded.tokens},
     )
 
 
-_BUMP = {"postgresql": _bump(pg_insert), "sqlite": _bump(sqlite_insert)}
+_BUMP = {dialect: _bump(dialect) for dialect in DIALECTS}
 
 
 _USED = select(quota_usage.c.tokens).where(
@@ -73,3 +71,15 @@ def tokens_used(conn: Connection, *, actor: str, day: str) -> int:
 def run_usage_rows(conn: Connection, run_id: str) -> list[dict[str, object]]:
     rows = conn.execute(select(usage).where(usage.c.run_id == run_id).order_by(usage.c.id)).all()
     return [dict(row._mapping) for row in rows]
+
+
+_RECORDED = (
+    select(usage.c.id)
+    .where(usage.c.run_id == bindparam("run_id"), usage.c.step == bindparam("step"))
+    .limit(1)
+)
+
+
+def usage_recorded(conn: Connection, run_id: str, step: str) -> bool:
+    """Whether the usage ledger already has a row for this step of the run."""
+    return conn.execute(_RECORDED, {"run_id": run_id, "step": step}).first() is not None
