@@ -1,6 +1,8 @@
 """Record the journal fixtures of `tests/unit/journals/` from real durable runs.
 
-Re-record them (after a change that is *meant* to alter a turn's shape) with:
+The journals stand for runs in flight, recorded by the code of their day: a change to a
+turn's shape must leave them replaying, so add the new shape's journals beside them
+rather than re-recording the old ones. Record with:
 
     .venv/bin/python -m tests.unit.record_journals
 
