@@ -12,6 +12,11 @@ attribute 'hostname'`, which is not a connection error, so the worker dies
 Here the first close finishes despite the dead socket, and a channel whose connection is
 gone refuses to build a client with a connection error, which kombu and Celery treat as
 what it is. Nothing is lost either way: Postgres is the truth and the sweep re-sends.
+
+kombu also builds a new redis-py client for every publish, ack and queue command (its
+`conn_or_acquire` calls `_create_client` each time; a client is cheap to use but not to
+build: redis-py sets up its response callbacks per instance). A channel here keeps one
+client over its pool, and builds it again only when the pool is replaced.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ TRANSPORT = "agent_jobs.transport:Transport"
 
 
 class Channel(kombu_redis.Channel):
+    _sync_client: redis.Redis | None = None
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        if asynchronous:
+            return super()._create_client(asynchronous=True)  # type: ignore[misc]
+        pool = self.pool
+        client = self._sync_client
+        if client is None or client.connection_pool is not pool:
+            client = self._sync_client = super()._create_client(asynchronous=False)  # type: ignore[misc]
+        return client
+
     def close(self) -> None:
         if self._in_poll:  # type: ignore[attr-defined]
             try:

@@ -148,6 +148,57 @@ def pg_counters(url: str) -> tuple[int, int]:
     return int(xid[0]), int(wal[0])
 
 
+def _ticks(pid: int) -> int:
+    """CPU clock ticks (user + system) a process has used; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        todo.extend(int(c) for c in children)
+    return found
+
+
+def _named(prefix: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith(prefix):
+                    pids.append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return pids
+
+
+def cpu_seconds(worker_pid: int, redis_pid: int | None) -> dict[str, float]:
+    """CPU time used so far by the worker (all its processes), every Postgres process on
+    this machine, and the Redis server (its own, when the benchmark started it)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    return {
+        "worker": sum(_ticks(p) for p in _descendants(worker_pid)) / hz,
+        "postgres": sum(_ticks(p) for p in _named("postgres")) / hz,
+        "redis": (_ticks(redis_pid) if redis_pid else 0) / hz,
+    }
+
+
+def redis_commands(client: redis.Redis) -> int:
+    """Commands the Redis server has run so far (every database, every client)."""
+    stats: dict[str, Any] = client.info("commandstats")
+    return sum(int(entry.get("calls", 0)) for entry in stats.values())
+
+
 def broker_pushes(client: redis.Redis) -> int:
     stats: dict[str, Any] = client.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("lpush", "rpush"))
@@ -185,10 +236,12 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
+    redis_pid: int | None = None
     if args.redis is None:
         own_redis = RedisServer().start()
         atexit.register(own_redis.close)
         args.redis = own_redis.url(0).rsplit("/", 1)[0]
+        redis_pid = own_redis.proc.pid if own_redis.proc is not None else None
 
     url = fresh_database(args.pg, "agent_jobs_bench")
     broker = f"{args.redis}/9"
@@ -216,9 +269,14 @@ def main() -> None:
         run_all(client, "w1", 10, 60)  # warm up: forks, connections, imports
         # One run at a time: the latency of a run with nothing queued ahead of it.
         alone = [run_all(client, "w1", 1, 60)[0] for _ in range(20)]
+        assert worker.proc is not None
         commits0, wal0 = pg_counters(url)
         pushes0 = broker_pushes(broker_client)
+        commands0 = redis_commands(broker_client)
+        cpu0 = cpu_seconds(worker.proc.pid, redis_pid)
         wall, ids = run_all(client, "w1", args.runs, 600)
+        cpu1 = cpu_seconds(worker.proc.pid, redis_pid)
+        commands1 = redis_commands(broker_client)
         commits1, wal1 = pg_counters(url)
         pushes1 = broker_pushes(broker_client)
     finally:
@@ -245,6 +303,10 @@ def main() -> None:
         w1_commits_per_run=(commits1 - commits0 - 1) / n,
         w1_wal_bytes_per_run=(wal1 - wal0) / n,
         w1_broker_messages_per_run=(pushes1 - pushes0) / n,
+        # The benchmark's own polling and counting are in these two, a few per run.
+        w1_redis_commands_per_run=(commands1 - commands0) / n,
+        **{f"w1_cpu_ms_per_run_{k}": (cpu1[k] - cpu0[k]) / n * 1000 for k in cpu0},
+        w1_cpu_ms_per_run=sum(cpu1[k] - cpu0[k] for k in cpu0) / n * 1000,
         w1_alone_p50_ms=statistics.median(alone) * 1000,
     )
 
@@ -299,7 +361,13 @@ def report(f: dict[str, Any]) -> None:
         f"   per run: {f['w1_journal_rows_per_run']:.1f} journal rows, "
         f"{f['w1_commits_per_run']:.1f} write transactions, "
         f"{f['w1_wal_bytes_per_run'] / 1024:.1f} kB WAL, "
-        f"{f['w1_broker_messages_per_run']:.1f} broker messages"
+        f"{f['w1_broker_messages_per_run']:.1f} broker messages, "
+        f"{f['w1_redis_commands_per_run']:.0f} Redis commands"
+    )
+    print(
+        f"   CPU per run: {f['w1_cpu_ms_per_run']:.0f} ms (worker "
+        f"{f['w1_cpu_ms_per_run_worker']:.0f}, Postgres {f['w1_cpu_ms_per_run_postgres']:.0f}, "
+        f"Redis {f['w1_cpu_ms_per_run_redis']:.0f})"
     )
     print(
         f"   one run alone: p50 {f['w1_alone_p50_ms']:.1f} ms = {f['w1_per_hop_vs_floor']:.2f} x "
