@@ -67,8 +67,11 @@ class Dispatcher(Protocol):
 
     def coordinate(self, run_id: str, *, countdown: float | None = None) -> None: ...
 
-    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
-        """Enqueue remote steps given as (task name, step name); several go as one group."""
+    def steps(
+        self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
+    ) -> None:
+        """Enqueue remote steps given as (task name, step name); several go as one group.
+        With `countdown`, they are delivered no sooner than that many seconds from now."""
         ...
 
 
@@ -91,12 +94,14 @@ class CeleryDispatcher:
     def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
         self.celery.send_task(COORDINATE, args=[run_id], queue=self.queue, countdown=countdown)
 
-    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
+    def steps(
+        self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
+    ) -> None:
         if not steps:
             return
         if len(steps) == 1:
             task, step = steps[0]
-            self.celery.send_task(task, args=[run_id, step], queue=self.queue)
+            self.celery.send_task(task, args=[run_id, step], queue=self.queue, countdown=countdown)
             return
         # A fan-out of reads: one group, every member re-drives the run when it ends.
         # No chord: the coordinator itself notices when all have settled.
@@ -104,7 +109,10 @@ class CeleryDispatcher:
             self.celery.signature(task, args=[run_id, step], queue=self.queue)
             for task, step in steps
         ]
-        group(signatures).apply_async()
+        if countdown is None:
+            group(signatures).apply_async()
+        else:
+            group(signatures).apply_async(countdown=countdown)
 
     def start_run(self, kwargs: dict[str, Any], *, task_id: str | None = None) -> str:
         result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=self.queue)
@@ -146,12 +154,20 @@ class ResendingDispatcher:
 
         self._send(send, f"re-drive of run {run_id}")
 
-    def steps(self, run_id: str, steps: Sequence[tuple[str, str]]) -> None:
+    def steps(
+        self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
+    ) -> None:
         if not steps:
             return
         chosen = list(steps)
         names = " ".join(step for _, step in chosen)
-        self._send(lambda: self.inner.steps(run_id, chosen), f"{names} of run {run_id}")
+        if countdown is None:
+            self._send(lambda: self.inner.steps(run_id, chosen), f"{names} of run {run_id}")
+        else:
+            self._send(
+                lambda: self.inner.steps(run_id, chosen, countdown=countdown),
+                f"{names} of run {run_id}",
+            )
 
     @property
     def kept(self) -> int:

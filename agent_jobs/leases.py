@@ -227,6 +227,21 @@ class Leases:
                 held.add(step)
         return held
 
+    def orphaned(self, run_id: str, steps: list[str]) -> set[str]:
+        """Which of the run's steps were taken by a holder that is provably gone (a
+        process of this machine that died): nobody will finish them."""
+        if not steps:
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        for step in steps:
+            pipe.get(_lease_key(run_id, step))
+        orphaned = set()
+        for step, value in zip(steps, pipe.execute(), strict=True):
+            holder = Holder.parse(value) if value is not None else None
+            if holder is not None and holder.gone():
+                orphaned.add(step)
+        return orphaned
+
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))

@@ -72,6 +72,12 @@ class Settings(SettingsBase):
     step_max_attempts: int = 3  # deliveries of one step before the run fails (a dead letter)
     step_time_limit: float = 300.0  # hard limit of one step task, seconds
     step_lease: float = 30.0  # a started step's lease, extended while it runs
+    # The fast path: the step a pass schedules runs at once in the task that scheduled it
+    # (of a fan-out, one member; the others are sent). A chain of such steps starts no
+    # new step after `eager_budget` seconds or `eager_max_steps` steps: the next is sent.
+    eager_steps: bool = True
+    eager_budget: float = 30.0
+    eager_max_steps: int = 100
     sweep_interval: float = 30.0  # how often beat runs the sweep
     sweep_stale_after: float = 60.0  # a run with no progress for this long is re-driven
     # Patches this deployment must not take yet (comma-separated ids): an operator can

@@ -318,10 +318,11 @@ def main() -> None:
     finally:
         worker.stop()
     figures["w2_wall_s"] = wall
-    # A run alone crosses the broker 8 times (its start and 7 remote steps): per hop, how
-    # many Celery no-op round trips does it cost?
+    # A run alone crosses the broker this often (its start, and the steps it sends: 7
+    # without the fast path, 2 with it): per hop, how many Celery no-op round trips?
+    hops = max(1.0, figures["w1_broker_messages_per_run"])
     figures["w1_per_hop_vs_floor"] = (
-        figures["w1_alone_p50_ms"] / 8 / figures["floor_celery_roundtrip_ms"]
+        figures["w1_alone_p50_ms"] / hops / figures["floor_celery_roundtrip_ms"]
     )
 
     celery.close()
@@ -371,7 +372,7 @@ def report(f: dict[str, Any]) -> None:
     )
     print(
         f"   one run alone: p50 {f['w1_alone_p50_ms']:.1f} ms = {f['w1_per_hop_vs_floor']:.2f} x "
-        "the Celery no-op round trip per broker hop (8 a run)"
+        f"the Celery no-op round trip per broker hop ({f['w1_broker_messages_per_run']:.0f} a run)"
     )
     print(f"W2 (eight 0.5 s reads, 8 processes): {f['w2_wall_s']:.2f} s wall")
 

@@ -23,7 +23,9 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = Celery("agent_jobs", broker=broker, set_as_current=True)
     if (transport := transport_for(broker)) is not None:
         app.conf.broker_transport = transport  # kombu's, guarded against a worker crash
-    hard_limit = settings.step_time_limit
+    # A task may run a chain of steps (see DurableRunner._chain): it starts no step after
+    # `eager_budget` seconds, so one more step always fits in its limit.
+    hard_limit = settings.step_time_limit + (settings.eager_budget if settings.eager_steps else 0)
     # JSON only (nothing that crosses the broker can execute code when decoded), one
     # queue on the anonymous exchange; and the queue plain Celery clients send to.
     app.conf.update(routing_config(settings.queue))

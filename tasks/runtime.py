@@ -21,6 +21,7 @@ from agent_jobs.store import Store
 from agent_jobs.streams.redis_streams import RedisStreams
 
 from .app import DEFAULT_BROKER
+from .events import ChainEvents
 
 
 @dataclass
@@ -58,6 +59,7 @@ def runtime(celery: Celery) -> Runtime:
                 settings,
                 Leases(redis_client),
             )
+            runner.eager_events = ChainEvents(celery)
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime
 

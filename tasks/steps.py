@@ -28,13 +28,13 @@ def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     except AgentJobsError as exc:
         # A bad request is refused, recorded nowhere, and not retried.
         return f"refused: {exc}"
-    return f"{run_id} {runner.coordinate(run_id)}"
+    return f"{run_id} {runner.continue_run(run_id)}"
 
 
 @shared_task(base=AgentJobsTask, name=COORDINATE, bind=True)
 def coordinate(self: Task[Any, str], run_id: str) -> str:
     """Re-drive a run: replay its journal, schedule what is missing, suspend."""
-    return f"{run_id} {runtime(self.app).runner.coordinate(run_id)}"
+    return f"{run_id} {runtime(self.app).runner.continue_run(run_id)}"
 
 
 @shared_task(base=AgentJobsTask, name=MODEL_TURN, bind=True)

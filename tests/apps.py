@@ -531,6 +531,21 @@ def held_starts(run_id: str) -> list[tuple[int, float]]:
     return [(int(r.what.rsplit(":", 1)[1]), r.at.timestamp()) for r in rows]
 
 
+def held_start_of(run_id: str, step: str) -> list[tuple[int, float]]:
+    """(pid, time) of each start of one `held` step of the run, in order."""
+    with side_engine().connect() as conn:
+        rows = conn.execute(
+            select(executions.c.what, executions.c.at)
+            .where(
+                executions.c.run_id == run_id,
+                executions.c.what.like("held:start:%"),
+                executions.c.key == f"{run_id}:{step}",
+            )
+            .order_by(executions.c.id)
+        ).all()
+    return [(int(r.what.rsplit(":", 1)[1]), r.at.timestamp()) for r in rows]
+
+
 def wait_held_starts(run_id: str, n: int, timeout: float) -> list[tuple[int, float]]:
     """Block until the run's `held` step has started `n` times."""
     deadline = time.monotonic() + timeout
@@ -559,6 +574,23 @@ app.agent(
     "held",
     model=CountingModel(
         [{"tool_calls": [{"name": "held", "args": {"seconds": 4.0}}]}, {"text": "held done"}]
+    ),
+    tools=["held"],
+)
+
+# A fan-out of two held reads: the first member runs where model:1 ended, the second is sent.
+app.agent(
+    "held_pair",
+    model=CountingModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "held", "args": {"seconds": 4.0}},
+                    {"name": "held", "args": {"seconds": 4.0}},
+                ]
+            },
+            {"text": "both held"},
+        ]
     ),
     tools=["held"],
 )

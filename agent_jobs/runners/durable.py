@@ -12,13 +12,13 @@ and re-drive the run in-process instead of through the broker.
 
 from __future__ import annotations
 
+import itertools
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import time
+import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import redis
 from sqlalchemy import Connection
@@ -30,6 +30,7 @@ from ..dispatch import Dispatcher, ResendingDispatcher
 from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
 from ..executor import StepEnv, execute_remote
 from ..leases import Holder, Leases
+from ..logs import log_context
 from ..loop import run_agent_loop
 from ..runs import RunRequest, check_request, create_run
 from ..settings import Settings
@@ -42,6 +43,7 @@ from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
 from . import waits
 from .replay import DurableHooks, task_for
+from .step_tasks import IN_FLIGHT, Completion, EagerEvents, Kept, heartbeat, quiet_events, refusal
 from .turn import (
     Ending,
     Finished,
@@ -55,39 +57,6 @@ from .turn import (
 )
 
 log = logging.getLogger(__name__)
-IN_FLIGHT = frozenset({"scheduled", "started"})
-
-
-def _refusal(row: Any, step: str, task: str) -> str | None:
-    """Why a step task must leave this journal row alone, or None to run it."""
-    if row is None:
-        return f"unknown step {step}"
-    if row.run_status in run_rows.TERMINAL:
-        return f"run already {row.run_status}"
-    if row.state in ("done", "failed"):
-        return f"{step} already {row.state}"
-    if row.state not in IN_FLIGHT:
-        return f"{step} is {row.state}, not a remote step"
-    try:
-        kind = task_for(parse_intent(row.intent))
-    except (TypeError, ValueError):
-        return f"{step} is not a remote step"
-    if kind != task:
-        return f"{step} is carried out by {kind}, not {task}"
-    return None
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A remote step's outcome, written under the run's lock by the pass it wakes."""
-
-    step: str
-    state: Literal["done", "failed"]
-    result: Any = None
-    error: str | None = None
-    attempt: int | None = None
-    started_at: datetime | None = None
-    events: tuple[event_rows.PendingEvent, ...] = ()
 
 
 class DurableRunner:
@@ -118,6 +87,9 @@ class DurableRunner:
         # step task takes the step's lease.
         self.before_replay: Callable[[str], None] | None = None
         self.before_lease: Callable[[str, str], None] | None = None
+        # How a step run in a chain is reported (the worker sends it to Flower as the
+        # task it is); by default, not at all.
+        self.eager_events: EagerEvents = quiet_events
         diagnostics.set_enabled(settings.diagnostics)
 
     # --- starting ----------------------------------------------------------------------
@@ -137,16 +109,35 @@ class DurableRunner:
 
         With a `completion`, the step's outcome is written first, in the same
         transaction: a step task pays one commit for its result and the re-drive.
+        Every step the pass schedules is sent.
         """
+        return self._drive(run_id, completion, keep=False)[0]
+
+    def continue_run(self, run_id: str) -> str:
+        """`coordinate`, in a worker's task: the step the pass schedules runs here at once
+        (of a fan-out, the first member; the others are sent)."""
+        outcome, kept = self._drive(run_id, None, keep=self.settings.eager_steps)
+        if kept is not None:
+            self._chain(run_id, kept)
+        else:
+            self._adopt_orphans(run_id)  # this may be the message of a task that died
+        return outcome
+
+    def _drive(
+        self, run_id: str, completion: Completion | None, *, keep: bool
+    ) -> tuple[str, Kept | None]:
+        """A pass, and the remote step it kept back from the broker (with `keep`)."""
         try:
-            return self._coordinate(run_id, completion)
+            return self._coordinate(run_id, completion, keep)
         except DBAPIError:
             raise  # transient: the task is retried, or the sweep re-drives the run
         except Exception as exc:  # a bug must end the run visibly, not loop in the sweep
             log.exception("coordinating run %s failed", run_id)
-            return self._fail(run_id, exc)
+            return self._fail(run_id, exc), None
 
-    def _coordinate(self, run_id: str, completion: Completion | None) -> str:
+    def _coordinate(
+        self, run_id: str, completion: Completion | None, keep: bool
+    ) -> tuple[str, Kept | None]:
         ending: Ending | None = None
         finished = Finished()
         hooks: DurableHooks | None = None
@@ -154,7 +145,7 @@ class DurableRunner:
         with self.store.begin() as conn:
             row = run_rows.lock_and_touch(conn, run_id)
             if row is None:
-                return f"unknown run {run_id}"
+                return f"unknown run {run_id}", None
             run = RunView.from_row(row)
             stream = RunStream(self.streams, run.root_run_id, run_id)
             env = StepEnv(app=self.app, stream=stream)
@@ -174,13 +165,13 @@ class DurableRunner:
                 if run.status == "cancelled" and completion is not None:
                     account_discarded_usage(conn, run)  # its tokens were still spent
                 env.flush_events(conn)
-                return run.status  # a late result of a finished run changes nothing else
+                return run.status, None  # a late result of a finished run changes nothing
             rows = list(journal_rows.load_for_replay(conn, run_id))
             if completion is not None and any(r.state in IN_FLIGHT for r in rows):
                 # A sibling of a fan-out is still out: a replay would stop at it, and its
                 # own result re-drives the run. Record this one and spare the replay.
                 env.flush_events(conn)
-                return f"{completion.step} recorded; waiting for its siblings"
+                return f"{completion.step} recorded; waiting for its siblings", None
             cause = stop_cause(conn, run)
             if cause is not None:
                 ending = Ending.cancelled(cause, run.cancel_keep_inbox)
@@ -210,8 +201,12 @@ class DurableRunner:
             env.flush_events(conn)
         # Committed: now the world may hear of it.
         env.flush()
+        kept: Kept | None = None
         if hooks is not None:
-            self.dispatcher.steps(run_id, hooks.to_dispatch)
+            sending = hooks.to_dispatch
+            if keep and sending and ending is None:
+                kept, sending = sending[0], sending[1:]
+            self.dispatcher.steps(run_id, sending)
             for child in hooks.children:
                 self.dispatcher.coordinate(child)
         if ending is not None:
@@ -223,7 +218,7 @@ class DurableRunner:
             # Be there when the deadline passes, even if the run is then parked.
             left = (wake_at_deadline - utcnow()).total_seconds()
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
-        return outcome
+        return outcome, kept
 
     def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
         parked = hooks.parked
@@ -256,7 +251,8 @@ class DurableRunner:
     # --- step tasks --------------------------------------------------------------------
 
     def execute_step(self, run_id: str, step: str, *, task: str, retries: int = 0) -> str:
-        """Carry out one remote step, then write its result and re-drive the run at once.
+        """Carry out one remote step, then write its result and re-drive the run at once;
+        the step that pass schedules runs next in this task (see `_chain`).
 
         `task` is the Celery task that delivered it: a step task acts only on a remote
         step in flight whose intent is of its kind, so a forged or stray task changes
@@ -265,6 +261,62 @@ class DurableRunner:
         `RetryLater`: the task adapter hands it to Celery's retry countdown, so no
         worker sleeps.
         """
+        outcome, kept = self._step(
+            run_id, step, task=task, retries=retries, keep=self.settings.eager_steps
+        )
+        if kept is not None:
+            self._chain(run_id, kept)
+        return outcome
+
+    def _chain(self, run_id: str, kept: Kept) -> None:
+        """Run the steps passes keep back, one after another, in this task: the next step
+        runs where the last one ended, with no broker round trip.
+
+        Each is claimed as a delivered task claims it (its row is `scheduled`, its lease
+        taken, its attempt counted), so a worker that dies in one is recovered as for
+        a delivered step: the message of the task that began the chain comes back and
+        adopts the steps nobody holds (`_adopt_orphans`), or the sweep does. The chain
+        starts no step after `eager_budget` seconds or `eager_max_steps` steps (the
+        task's time limit allows one more step after the budget), and any failure on
+        the way hands the step to the broker.
+        """
+        settings = self.settings
+        deadline = time.monotonic() + settings.eager_budget
+        for ran in itertools.count():
+            task, step = kept
+            if ran >= settings.eager_max_steps or time.monotonic() >= deadline:
+                self.dispatcher.steps(run_id, [kept])
+                return
+            task_id = str(uuid.uuid4())  # the step's own, as if it had been delivered
+            try:
+                with (
+                    log_context(task=task, task_id=task_id, run_id=run_id, step=step),
+                    self.eager_events(task, task_id, run_id, step) as report,
+                ):
+                    started = time.monotonic()
+                    outcome, following = self._step(run_id, step, task=task, retries=0, keep=True)
+                    report(f"{run_id} {outcome}")
+                    log.info(
+                        "Step %s of run %s ran where the last one ended, in %.3fs: %s",
+                        step,
+                        run_id,
+                        time.monotonic() - started,
+                        outcome,
+                    )
+            except RetryLater as later:  # the waterfall wants the model asked again later
+                self.dispatcher.steps(run_id, [kept], countdown=later.delay)
+                return
+            except Exception:
+                log.warning("step %s of run %s goes to the broker", step, run_id, exc_info=True)
+                self.dispatcher.steps(run_id, [kept])
+                return
+            if following is None:
+                return
+            kept = following
+
+    def _step(
+        self, run_id: str, step: str, *, task: str, retries: int, keep: bool
+    ) -> tuple[str, Kept | None]:
         settings = self.settings
         holder = Holder.me()
         if self.before_lease is not None:
@@ -273,13 +325,19 @@ class DurableRunner:
         # the first delivery finished would otherwise run the step again once the lease
         # is free.
         if not self.leases.take(run_id, step, holder, settings.step_lease):
-            return f"{step} already running"  # a duplicate delivery
+            return f"{step} already running", None  # a duplicate delivery
         try:
             with self.store.connect() as conn:
                 row = journal_rows.get_with_run(conn, run_id, step)
-            refused = _refusal(row, step, task)
+            refused = refusal(row, step, task)
             if refused is not None:
-                return refused
+                if (
+                    row is not None
+                    and row.state in ("done", "failed")
+                    and row.run_status not in run_rows.TERMINAL
+                ):
+                    self._adopt_orphans(run_id)
+                return refused, None
             attempt = self.leases.count_attempt(run_id, step)
             # Deliberate retries do not count against the attempts a crashing step gets.
             if attempt > settings.step_max_attempts + retries:
@@ -294,7 +352,8 @@ class DurableRunner:
                 )
             else:
                 completion = self._run_step(row, step, holder, attempt, retries)
-            return f"{step} {completion.state}; {self.coordinate(run_id, completion)}"
+            outcome, kept = self._drive(run_id, completion, keep=keep)
+            return f"{step} {completion.state}; {outcome}", kept
         except RetryLater as later:
             with self.store.begin() as conn:
                 # Keep the sweep off the step until its retry is due.
@@ -307,6 +366,19 @@ class DurableRunner:
                 self.leases.release(run_id, step, holder)
             except redis.RedisError as exc:  # it expires; the step's outcome is recorded
                 log.warning("could not release the lease of %s/%s: %s", run_id, step, exc)
+
+    def _adopt_orphans(self, run_id: str) -> None:
+        """Send the run's steps in flight whose holder died: a task that ran them in its
+        chain (see `_chain`) died, and its message, come back, is this delivery."""
+        with self.store.connect() as conn:
+            flying = journal_rows.in_flight(conn, run_id)
+        if not flying:
+            return
+        dead = self.leases.orphaned(run_id, [r.step for r in flying])
+        orphans = [(task_for(parse_intent(r.intent)), r.step) for r in flying if r.step in dead]
+        if orphans:
+            log.info("run %s: re-sending %s, whose process died", run_id, orphans)
+            self.dispatcher.steps(run_id, orphans)
 
     def _run_step(
         self, row: Any, step: str, holder: Holder, attempt: int, retries: int
@@ -321,7 +393,16 @@ class DurableRunner:
         env = StepEnv(app=self.app, stream=stream)
         intent = parse_intent(row.intent)
         started = utcnow()
-        with self._heartbeat(run_id, step, holder, attempt, started):
+        with heartbeat(
+            self.leases,
+            self.store,
+            self.settings.step_lease,
+            run_id,
+            step,
+            holder,
+            attempt,
+            started,
+        ):
             try:
                 result = dump(execute_remote(intent, env, step))
             except ModelError as failure:
@@ -373,40 +454,6 @@ class DurableRunner:
             started_at=started,
             events=(event,),
         )
-
-    @contextmanager
-    def _heartbeat(
-        self, run_id: str, step: str, holder: Holder, attempt: int, started: datetime
-    ) -> Iterator[None]:
-        """While the step runs: keep its lease alive, and show it `started` once it
-        has run for a moment (short steps go from scheduled to done in one commit)."""
-        stop = threading.Event()
-        lease = self.settings.step_lease
-        beat = min(lease / 3, 1.0)
-
-        def keep() -> None:
-            while not stop.wait(beat):
-                try:
-                    if not self.leases.refresh(run_id, step, holder, lease):
-                        return  # another delivery holds it now
-                except redis.RedisError as exc:
-                    log.warning("could not renew the lease of %s/%s: %s", run_id, step, exc)
-                # Postgres too: while Redis is away, this keeps the sweep off the step.
-                try:
-                    with self.store.begin() as conn:
-                        journal_rows.mark_started(
-                            conn, run_id, step, attempt=attempt, started_at=started, lease=lease
-                        )
-                except Exception as exc:  # the step goes on; the sweep is the backstop
-                    log.warning("heartbeat of %s/%s failed: %s", run_id, step, exc)
-
-        keeper = threading.Thread(target=keep, name=f"lease-{step}", daemon=True)
-        keeper.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            keeper.join()
 
     # --- recovery ----------------------------------------------------------------------
 

@@ -140,6 +140,15 @@ def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence
     ).all()
 
 
+def in_flight(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's remote steps scheduled or started and not yet done or failed."""
+    return conn.execute(
+        select(journal).where(
+            journal.c.run_id == run_id, journal.c.state.in_(("scheduled", "started"))
+        )
+    ).all()
+
+
 def complete(
     conn: Connection,
     run_id: str,

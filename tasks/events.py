@@ -1,0 +1,83 @@
+"""Task events for the steps a chain runs inside a task, so Flower shows each step as the
+task it is: its name, arguments, state, runtime and worker, as if it had been delivered."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import Celery, current_task
+
+log = logging.getLogger(__name__)
+
+
+class ChainEvents:
+    """`DurableRunner.eager_events` for a worker process: task-received, task-started,
+    then task-succeeded or task-failed, under a task id of the step's own."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self._dispatcher: Any = None
+        self._pid: int | None = None
+        self._hostname: str | None = None  # the worker's node name, as its tasks say
+
+    @contextmanager
+    def __call__(
+        self, task: str, task_id: str, run_id: str, step: str
+    ) -> Iterator[Callable[[str], None]]:
+        request = getattr(current_task, "request", None)
+        parent = getattr(request, "id", None)
+        hostname = getattr(request, "hostname", None)
+        self._hostname = hostname
+        self._send(
+            "task-received",
+            task_id,
+            name=task,
+            args=repr([run_id, step]),
+            kwargs="{}",
+            root_id=getattr(request, "root_id", None) or parent,
+            parent_id=parent,
+            retries=0,
+            eta=None,
+            expires=None,
+        )
+        self._send("task-started", task_id)
+        started = time.monotonic()
+        outcome: list[str] = [""]
+        try:
+            yield lambda text: outcome.__setitem__(0, text)
+        except BaseException as exc:
+            self._send("task-failed", task_id, exception=repr(exc), traceback="")
+            raise
+        self._send(
+            "task-succeeded",
+            task_id,
+            result=repr(outcome[0]),
+            runtime=time.monotonic() - started,
+        )
+
+    def _send(self, kind: str, task_id: str, **fields: Any) -> None:
+        if not self.app.conf.worker_send_task_events:
+            return
+        try:
+            self._events().send(kind, uuid=task_id, **fields)
+        except Exception as exc:  # an event is for watching: the step goes on without it
+            log.warning("could not send %s for task %s: %s", kind, task_id, exc)
+
+    def _events(self) -> Any:
+        with self._lock:
+            if self._dispatcher is None or self._pid != os.getpid():
+                connection = self.app.connection_for_write()
+                # The pid and the worker's node name go on every event (as on a
+                # delivered task's events: the pool process's pid, the worker's name).
+                self._dispatcher = self.app.events.Dispatcher(
+                    connection, hostname=self._hostname, enabled=True
+                )
+                self._pid = os.getpid()
+            return self._dispatcher
