@@ -114,6 +114,12 @@ def test_flower_shows_a_runs_tasks_by_name_state_and_run_id(doors: Doors) -> Non
     assert sorted(args_of(t) for t in by_name["agent_jobs.invoke_tool"]) == [
         [run_id, f"tool:call_{n}"] for n in (1, 2, 3, 4)
     ]
+    # Steps that ran where the last one ended (the fast path, every model step of this
+    # run) show as delivered ones do: their worker, when they started, how long they took.
+    worker_names = {t["worker"] for t in by_name["agent_jobs.coordinate"]}
+    for task in by_name["agent_jobs.model_turn"] + by_name["agent_jobs.invoke_tool"]:
+        assert task["worker"] in worker_names, task
+        assert task["started"] and task["runtime"] is not None and task["runtime"] >= 0, task
     [coordinate] = by_name["agent_jobs.coordinate"]
     assert coordinate["args"] == f"['{run_id}']"
     # A task's outcome says in a few words where the run stands.
