@@ -193,10 +193,12 @@ def cpu_seconds(worker_pid: int, redis_pid: int | None) -> dict[str, float]:
     }
 
 
-def redis_commands(client: redis.Redis) -> int:
-    """Commands the Redis server has run so far (every database, every client)."""
+def redis_commands(client: redis.Redis) -> dict[str, int]:
+    """Commands the Redis server has run so far, by command (every database, client)."""
     stats: dict[str, Any] = client.info("commandstats")
-    return sum(int(entry.get("calls", 0)) for entry in stats.values())
+    return {
+        name.removeprefix("cmdstat_"): int(entry.get("calls", 0)) for name, entry in stats.items()
+    }
 
 
 def broker_pushes(client: redis.Redis) -> int:
@@ -330,7 +332,12 @@ def main() -> None:
         w1_wal_bytes_per_run=(wal1 - wal0) / n,
         w1_broker_messages_per_run=(pushes1 - pushes0) / n,
         # The benchmark's own polling and counting are in these two, a few per run.
-        w1_redis_commands_per_run=(commands1 - commands0) / n,
+        w1_redis_commands_per_run=(sum(commands1.values()) - sum(commands0.values())) / n,
+        w1_redis_commands_by_kind={
+            name: (calls - commands0.get(name, 0)) / n
+            for name, calls in sorted(commands1.items(), key=lambda kv: -kv[1])
+            if calls - commands0.get(name, 0) >= n / 10
+        },
         **{f"w1_cpu_ms_per_run_{k}": (cpu1[k] - cpu0[k]) / n * 1000 for k in cpu0},
         w1_cpu_ms_per_run=sum(cpu1[k] - cpu0[k] for k in cpu0) / n * 1000,
         w1_alone_p50_ms=statistics.median(alone) * 1000,
@@ -391,6 +398,8 @@ def report(f: dict[str, Any]) -> None:
         f"{f['w1_broker_messages_per_run']:.1f} broker messages, "
         f"{f['w1_redis_commands_per_run']:.0f} Redis commands"
     )
+    kinds = sorted(f["w1_redis_commands_by_kind"].items(), key=lambda kv: -kv[1])
+    print("   Redis commands a run: " + ", ".join(f"{k} {v:.1f}" for k, v in kinds[:10]))
     print(
         f"   CPU per run: {f['w1_cpu_ms_per_run']:.0f} ms (worker "
         f"{f['w1_cpu_ms_per_run_worker']:.0f}, Postgres {f['w1_cpu_ms_per_run_postgres']:.0f}, "

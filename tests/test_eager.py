@@ -7,9 +7,24 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from agent_jobs.dispatch import INVOKE_TOOL, MODEL_TURN
+from agent_jobs.leases import Holder, Leases
+from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runs import RunRequest
+from agent_jobs.settings import Settings
+from agent_jobs.store import Store
+from agent_jobs.streams.redis_streams import RedisStreams
 
 from . import apps
 from .cluster import Cluster
+from .conftest import truncate_all
+from .test_durable import Recorder
 from .test_recovery import SHIPPED
 
 
@@ -84,3 +99,93 @@ def test_a_process_killed_in_an_eagerly_kept_fan_out_member_is_recovered_in_seco
         finished = [key for what, key in apps.executed(run_id) if what == "held"]
         # Each member finished once: the sibling in the other process was not run again.
         assert sorted(finished) == [f"{run_id}:tool:call_1", f"{run_id}:tool:call_2"]
+
+
+# --- the chain in-process, against real Postgres and Redis -----------------------------------
+
+
+@pytest.fixture
+def local(pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    def make(**settings: Any) -> tuple[DurableRunner, Recorder]:
+        recorder = Recorder()
+        runner = DurableRunner(
+            apps.app,
+            store,
+            recorder,
+            streams,
+            Settings(database_url=pg_url, **settings),
+            Leases(streams.client),
+        )
+        return runner, recorder
+
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    streams = RedisStreams.from_url(redis_url)
+    yield make
+    streams.client.close()
+    store.engine.dispose()
+
+
+def _states(runner: DurableRunner, run_id: str) -> dict[str, str]:
+    return {j["step"]: j["state"] for j in runner.store.journal(run_id) if ":" in j["step"]}
+
+
+def _start(runner: DurableRunner, run_id: str) -> str:
+    runner.create(RunRequest(agent="w1", input="go", actor="user-7"), run_id)
+    return runner.continue_run(run_id)
+
+
+def test_a_fan_out_keeps_its_first_member_and_sends_the_others(local: Any) -> None:
+    runner, recorder = local()
+    assert _start(runner, "eager-fan-out") == "waiting model:1"
+    # model:1 ran here, then the first read of its fan-out; the second was sent.
+    assert recorder.sent == [(INVOKE_TOOL, "tool:call_2")]
+    states = _states(runner, "eager-fan-out")
+    assert states["model:1"] == "done" and states["tool:call_1"] == "done"
+    assert states["tool:call_2"] == "scheduled"
+    # The sent member, delivered, carries the run on through the rest of the chain.
+    runner.execute_step("eager-fan-out", "tool:call_2", task=INVOKE_TOOL)
+    assert recorder.sent[-1] == (INVOKE_TOOL, "tool:call_4")
+    runner.execute_step("eager-fan-out", "tool:call_4", task=INVOKE_TOOL)
+    assert runner.store.get_run("eager-fan-out").status == "completed"
+
+
+def test_with_no_step_budget_the_kept_step_is_sent(local: Any) -> None:
+    runner, recorder = local(eager_max_steps=0)
+    assert _start(runner, "eager-budget") == "waiting model:1"
+    assert recorder.sent == [(MODEL_TURN, "model:1")]
+    assert _states(runner, "eager-budget")["model:1"] == "scheduled"
+
+
+def test_a_failure_on_the_fast_path_hands_the_step_to_the_broker(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner, recorder = local()
+
+    def unreachable(*args: Any, **kwargs: Any) -> bool:
+        raise redis.ConnectionError("Redis went away")
+
+    monkeypatch.setattr(runner.leases, "take", unreachable)
+    assert _start(runner, "eager-fallback") == "waiting model:1"
+    assert recorder.sent == [(MODEL_TURN, "model:1")]  # nothing ran, nothing is lost
+    assert _states(runner, "eager-fallback")["model:1"] == "scheduled"
+
+
+def test_a_redelivered_task_sends_the_steps_a_dead_process_held(local: Any) -> None:
+    runner, recorder = local(eager_max_steps=0)
+    _start(runner, "eager-orphan")
+    assert recorder.sent == [(MODEL_TURN, "model:1")]
+    # A process that took model:1's lease died (a pid that cannot be running).
+    me = Holder.me()
+    dead = Holder(me.machine, 2**22 + 7, "gone", me.token)
+    assert runner.leases.take("eager-orphan", "model:1", dead, 30)
+    recorder.sent.clear()
+    assert runner.continue_run("eager-orphan") == "waiting model:1"
+    assert recorder.sent == [(MODEL_TURN, "model:1")]
+    # A live holder's step is left alone.
+    runner.leases.release("eager-orphan", "model:1", dead)
+    assert runner.leases.take("eager-orphan", "model:1", Holder.me(), 30)
+    recorder.sent.clear()
+    runner.continue_run("eager-orphan")
+    assert recorder.sent == []
