@@ -398,3 +398,32 @@ def test_the_sweep_picks_each_kind_of_stranded_run_and_no_other(store: Store) ->
         later = now + timedelta(hours=2)
         assert set(runs.stale_run_ids(conn, cutoff=cutoff, now=later)) == picked | {"due-later"}
     assert set(store.stale_run_ids(cutoff=cutoff)) == picked
+
+
+def test_events_are_numbered_per_thread_in_one_go_and_need_their_thread(store: Store) -> None:
+    from agent_jobs.store import events as event_rows
+    from agent_jobs.store import threads as thread_rows
+
+    with store.begin() as conn:
+        thread_rows.ensure_thread(conn, "numbered")
+        thread_rows.ensure_thread(conn, "other")
+        event_rows.append(conn, [("numbered", None, "a", {"n": 1})])
+        event_rows.append(
+            conn,
+            [
+                ("numbered", "r1", "b", {"n": 2, "nested": {"x": [1, "two"]}}),
+                ("other", None, "c", {}),
+                ("numbered", None, "d", {"text": "é ✓"}),
+            ],
+        )
+        rows = event_rows.for_thread(conn, "numbered")
+        assert [(r.seq, r.run_id, r.type, r.data) for r in rows] == [
+            (1, None, "a", {"n": 1}),
+            (2, "r1", "b", {"n": 2, "nested": {"x": [1, "two"]}}),
+            (3, None, "d", {"text": "é ✓"}),
+        ]
+        assert [r.seq for r in event_rows.for_thread(conn, "other")] == [1]
+    with pytest.raises(LookupError), store.begin() as conn:
+        event_rows.append(conn, [("no-such-thread", None, "a", {})])
+    with store.connect() as conn:
+        assert event_rows.for_thread(conn, "no-such-thread") == []

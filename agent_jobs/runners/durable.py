@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import redis
@@ -205,7 +206,16 @@ class DurableRunner:
         if hooks is not None:
             sending = hooks.to_dispatch
             if keep and sending and ending is None:
-                kept, sending = sending[0], sending[1:]
+                (task, step), sending = sending[0], sending[1:]
+                [written] = [r for r in hooks.new_rows if r["step"] == step]
+                # The row as a step task reads it (`journal.get_with_run`).
+                snapshot = SimpleNamespace(
+                    **written,
+                    run_status="running",
+                    root_run_id=run.root_run_id,
+                    thread_id=run.thread_id,
+                )
+                kept = Kept(task, step, snapshot)
             self.dispatcher.steps(run_id, sending)
             for child in hooks.children:
                 self.dispatcher.coordinate(child)
@@ -283,9 +293,9 @@ class DurableRunner:
         settings = self.settings
         deadline = time.monotonic() + settings.eager_budget
         for ran in itertools.count():
-            task, step = kept
+            task, step = kept.send
             if ran >= settings.eager_max_steps or time.monotonic() >= deadline:
-                self.dispatcher.steps(run_id, [kept])
+                self.dispatcher.steps(run_id, [kept.send])
                 return
             task_id = str(uuid.uuid4())  # the step's own, as if it had been delivered
             try:
@@ -294,7 +304,9 @@ class DurableRunner:
                     self.eager_events(task, task_id, run_id, step) as report,
                 ):
                     started = time.monotonic()
-                    outcome, following = self._step(run_id, step, task=task, retries=0, keep=True)
+                    outcome, following = self._step(
+                        run_id, step, task=task, retries=0, keep=True, row=kept.row
+                    )
                     report(f"{run_id} {outcome}")
                     log.info(
                         "Step %s of run %s ran where the last one ended, in %.3fs: %s",
@@ -304,19 +316,27 @@ class DurableRunner:
                         outcome,
                     )
             except RetryLater as later:  # the waterfall wants the model asked again later
-                self.dispatcher.steps(run_id, [kept], countdown=later.delay)
+                self.dispatcher.steps(run_id, [kept.send], countdown=later.delay)
                 return
             except Exception:
                 log.warning("step %s of run %s goes to the broker", step, run_id, exc_info=True)
-                self.dispatcher.steps(run_id, [kept])
+                self.dispatcher.steps(run_id, [kept.send])
                 return
             if following is None:
                 return
             kept = following
 
     def _step(
-        self, run_id: str, step: str, *, task: str, retries: int, keep: bool
+        self,
+        run_id: str,
+        step: str,
+        *,
+        task: str,
+        retries: int,
+        keep: bool,
+        row: Any = None,
     ) -> tuple[str, Kept | None]:
+        """One step, by a delivered task or (with the pass's `row`) in a chain."""
         settings = self.settings
         holder = Holder.me()
         if self.before_lease is not None:
@@ -327,8 +347,9 @@ class DurableRunner:
         if not self.leases.take(run_id, step, holder, settings.step_lease):
             return f"{step} already running", None  # a duplicate delivery
         try:
-            with self.store.connect() as conn:
-                row = journal_rows.get_with_run(conn, run_id, step)
+            if row is None:
+                with self.store.connect() as conn:
+                    row = journal_rows.get_with_run(conn, run_id, step)
             refused = refusal(row, step, task)
             if refused is not None:
                 if (

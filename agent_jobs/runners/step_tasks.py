@@ -25,7 +25,24 @@ from .replay import task_for
 log = logging.getLogger(__name__)
 
 IN_FLIGHT = frozenset({"scheduled", "started"})
-Kept = tuple[str, str]  # (task, step): a step a pass keeps back to run at once
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A step a pass kept back to run at once, with its row as the pass wrote it: the
+    pass held the run's lock and nothing else knows of the step yet, so the task that
+    runs it need not read the row again."""
+
+    task: str
+    step: str
+    row: Any
+
+    @property
+    def send(self) -> tuple[str, str]:
+        """The step as the broker takes it."""
+        return self.task, self.step
+
+
 # (task, task id, run id, step) -> a context that reports the step's outcome, or failure.
 EagerEvents = Callable[[str, str, str, str], AbstractContextManager[Callable[[str], None]]]
 

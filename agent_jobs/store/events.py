@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, text, update
 
 from .db import utcnow
 from .schema import events, threads
@@ -19,6 +21,20 @@ _TAKE_SEQ = (
     .returning(threads.c.event_seq)
 )
 _INSERT = insert(events)
+# Postgres: the sequence taken and the events written in one statement (one round trip).
+_APPEND_PG = text(
+    """
+    WITH taken AS (
+        UPDATE threads SET event_seq = event_seq + :n WHERE id = :thread_id
+        RETURNING event_seq
+    )
+    INSERT INTO events (thread_id, seq, run_id, type, data, created_at)
+    SELECT :thread_id, taken.event_seq - :n + e.ord, e.run_id, e.type, e.data, :now
+    FROM taken, jsonb_to_recordset(CAST(:rows AS jsonb))
+        AS e(ord bigint, run_id text, type text, data jsonb)
+    RETURNING seq
+    """
+)
 
 
 def append(conn: Connection, pending: Sequence[PendingEvent]) -> None:
@@ -28,9 +44,17 @@ def append(conn: Connection, pending: Sequence[PendingEvent]) -> None:
     for event in pending:
         by_thread.setdefault(event[0], []).append(event)
     now = utcnow()
+    if conn.dialect.name == "postgresql":
+        for thread_id, batch in by_thread.items():
+            _append_pg(conn, thread_id, batch, now)
+        return
     rows = []
     for thread_id, batch in by_thread.items():
-        last = conn.execute(_TAKE_SEQ, {"b_thread": thread_id, "b_count": len(batch)}).scalar_one()
+        last = conn.execute(
+            _TAKE_SEQ, {"b_thread": thread_id, "b_count": len(batch)}
+        ).scalar_one_or_none()
+        if last is None:
+            raise LookupError(f"thread {thread_id} has no row: its events cannot be numbered")
         first = int(last) - len(batch) + 1
         for offset, (_, run_id, kind, data) in enumerate(batch):
             rows.append(
@@ -45,6 +69,17 @@ def append(conn: Connection, pending: Sequence[PendingEvent]) -> None:
             )
     if rows:
         conn.execute(_INSERT, rows)
+
+
+def _append_pg(conn: Connection, thread_id: str, batch: list[PendingEvent], now: datetime) -> None:
+    rows = [
+        {"ord": ord, "run_id": run_id, "type": kind, "data": data}
+        for ord, (_, run_id, kind, data) in enumerate(batch, start=1)
+    ]
+    params = {"thread_id": thread_id, "n": len(batch), "rows": json.dumps(rows), "now": now}
+    written = conn.execute(_APPEND_PG, params).all()
+    if len(written) != len(batch):  # no such thread: nothing was written
+        raise LookupError(f"thread {thread_id} has no row: its events cannot be numbered")
 
 
 _THREAD = (
