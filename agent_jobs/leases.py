@@ -213,34 +213,35 @@ class Leases:
 
     def held(self, run_id: str, steps: list[str]) -> set[str]:
         """Which of the run's steps a delivery that may still live is running now."""
-        if not steps:
-            return set()
-        pipe = self.client.pipeline(transaction=False)
-        for step in steps:
-            pipe.get(_lease_key(run_id, step))
-        held = set()
-        for step, value in zip(steps, pipe.execute(), strict=True):
-            if value is None:
-                continue
-            holder = Holder.parse(value)
-            if holder is None or not holder.gone():
-                held.add(step)
-        return held
+        return {
+            step
+            for step, value, holder in self._holders(run_id, steps)
+            if value is not None and (holder is None or not holder.gone())
+        }
 
     def orphaned(self, run_id: str, steps: list[str]) -> set[str]:
         """Which of the run's steps were taken by a holder that is provably gone (a
         process of this machine that died): nobody will finish them."""
+        return {
+            step
+            for step, _, holder in self._holders(run_id, steps)
+            if holder is not None and holder.gone()
+        }
+
+    def _holders(
+        self, run_id: str, steps: list[str]
+    ) -> list[tuple[str, bytes | None, Holder | None]]:
+        """Each step's lease as stored, and its holder if the value names one."""
         if not steps:
-            return set()
+            return []
         pipe = self.client.pipeline(transaction=False)
         for step in steps:
             pipe.get(_lease_key(run_id, step))
-        orphaned = set()
-        for step, value in zip(steps, pipe.execute(), strict=True):
-            holder = Holder.parse(value) if value is not None else None
-            if holder is not None and holder.gone():
-                orphaned.add(step)
-        return orphaned
+        values = pipe.execute()
+        return [
+            (step, value, Holder.parse(value) if value is not None else None)
+            for step, value in zip(steps, values, strict=True)
+        ]
 
 
 def _ms(seconds: float) -> int:
