@@ -1,12 +1,14 @@
-"""Benchmark of the durable runner: W1, W2 and the floor, measured in one go.
+"""Benchmark of the durable runner: W1, W2, W3 and the floor, measured in one go.
 
-    .venv/bin/python -m bench.durable [--runs 200]
+    .venv/bin/python -m bench.durable [--runs 200] [--no-eager] [--w3 POOL:CONCURRENCY]
 
 W1: `--runs` runs of an agent whose first two model turns each ask for two reads and
 whose third answers, on one worker with 2 processes: runs/s, p50/p95 per run, journal
 rows, commits, WAL bytes and broker messages per run. W2: one run with eight 0.5 s
 reads on 8 processes: wall time. The floor, measured in the same run: a Celery no-op
-round trip and a Postgres single-row commit.
+round trip and a Postgres single-row commit. W3: 200 runs of W1's shape whose model
+calls take 1.0 s and reads 0.2 s (a run alone: 3.4 s), enqueued at once on one worker
+with the given pool: makespan against that ideal, and the worker's peak RSS.
 """
 
 from __future__ import annotations
@@ -249,6 +251,13 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
+        "--w3",
+        action="append",
+        metavar="POOL:CONCURRENCY",
+        help="W3 (200 runs of 1.0 s model calls and 0.2 s reads, ideal 3.4 s) on one worker "
+        "with this pool, e.g. threads:50 or prefork:8; repeatable (default: threads:50)",
+    )
+    parser.add_argument(
         "--eager",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -351,6 +360,10 @@ def main() -> None:
     finally:
         worker.stop()
     figures["w2_wall_s"] = wall
+
+    for spec in args.w3 or ["threads:50"]:
+        pool, _, concurrency = spec.partition(":")
+        figures[f"w3_{pool}_{concurrency}"] = w3(client, env, pool, int(concurrency))
     # A run alone crosses the broker this often (its start, and the steps it sends: 7
     # without the fast path, 2 with it): per hop, how many Celery no-op round trips?
     hops = max(1.0, figures["w1_broker_messages_per_run"])
@@ -365,6 +378,68 @@ def main() -> None:
         print(json.dumps(figures, indent=2))
     else:
         report(figures)
+
+
+def _rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def w3(client: Client, env: dict[str, str], pool: str, concurrency: int) -> dict[str, float]:
+    """W3 on one worker: makespan of 200 runs enqueued at once, and the worker's peak RSS."""
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "worker",
+        "--loglevel=INFO",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        f"--queues={env.get('AGENT_JOBS_QUEUE', 'agent_jobs')}",
+    ]
+    proc = Process(args, env, f"w3-{pool}").start(ready="ready.")
+    peak = 0
+    try:
+        assert proc.proc is not None
+        run_all(client, "w3", 2, 60)  # warm up
+        started = time.perf_counter()
+        ids = [client.enqueue_run("w3", "go", actor="bench") for _ in range(200)]
+        engine = client.store.engine
+        while True:
+            peak = max(peak, _rss_bytes(_descendants(proc.proc.pid)))
+            with engine.connect() as conn:
+                done = conn.execute(
+                    select(func.count()).where(
+                        runs.c.id.in_(ids), runs.c.status.in_(("completed", "failed"))
+                    )
+                ).scalar_one()
+            if done == len(ids):
+                break
+            if time.perf_counter() - started > 900:
+                raise SystemExit(f"W3 on {pool}:{concurrency}: {done} of 200 in 900 s")
+            time.sleep(0.2)
+        makespan = time.perf_counter() - started
+        with engine.connect() as conn:
+            failed = conn.execute(
+                select(func.count()).where(runs.c.id.in_(ids), runs.c.status != "completed")
+            ).scalar_one()
+        if failed:
+            raise SystemExit(f"W3 on {pool}:{concurrency}: {failed} of 200 runs did not complete")
+    finally:
+        proc.stop()
+    return {"makespan_s": makespan, "vs_ideal": makespan / 3.4, "rss_mib": peak / 2**20}
 
 
 def _redis_floor(client: redis.Redis, n: int = 1000) -> float:
@@ -410,6 +485,13 @@ def report(f: dict[str, Any]) -> None:
         f"the Celery no-op round trip per broker hop ({f['w1_broker_messages_per_run']:.0f} a run)"
     )
     print(f"W2 (eight 0.5 s reads, 8 processes): {f['w2_wall_s']:.2f} s wall")
+    for key, w3 in f.items():
+        if key.startswith("w3_"):
+            print(
+                f"W3 ({key[3:]}, 200 runs of 1.0 s model calls, 0.2 s reads): "
+                f"{w3['makespan_s']:.1f} s = {w3['vs_ideal']:.1f} x the 3.4 s ideal, "
+                f"worker RSS {w3['rss_mib']:.0f} MiB"
+            )
 
 
 if __name__ == "__main__":
