@@ -113,7 +113,7 @@ def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> Thre
 
 
 def _record_usage(intent: Any, conn: Connection, env: StepEnv, step: str) -> Done:
-    usage_store.record_usage(
+    usage_store.charge(
         conn,
         run_id=intent.run_id,
         thread_id=intent.thread_id,
@@ -123,9 +123,6 @@ def _record_usage(intent: Any, conn: Connection, env: StepEnv, step: str) -> Don
         kind=intent.kind,
         model=intent.model,
         spent=intent.usage,
-    )
-    usage_store.bump_quota(
-        conn, actor=intent.actor, day=intent.day, tokens=intent.usage.total_tokens
     )
     return Done()
 

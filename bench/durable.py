@@ -394,22 +394,7 @@ def _rss_bytes(pids: list[int]) -> int:
 
 def w3(client: Client, env: dict[str, str], pool: str, concurrency: int) -> dict[str, float]:
     """W3 on one worker: makespan of 200 runs enqueued at once, and the worker's peak RSS."""
-    args = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks",
-        "worker",
-        "--loglevel=INFO",
-        f"--pool={pool}",
-        f"--concurrency={concurrency}",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        f"--queues={env.get('AGENT_JOBS_QUEUE', 'agent_jobs')}",
-    ]
-    proc = Process(args, env, f"w3-{pool}").start(ready="ready.")
+    proc = start_worker(env, concurrency=concurrency, name=f"w3-{pool}", pool=pool)
     peak = 0
     try:
         assert proc.proc is not None

@@ -90,9 +90,10 @@ def worker(
     concurrency: int = 2,
     name: str = "worker",
     queues: str | None = DEFAULT_QUEUES,
+    pool: str = "prefork",
 ) -> Process:
-    """A worker process (not started). `queues=None` leaves Celery's choice: every queue
-    the app declares."""
+    """A worker process (not started), on Celery's `pool`. `queues=None` leaves Celery's
+    choice: every queue the app declares."""
     if queues == DEFAULT_QUEUES:
         queues = env.get("AGENT_JOBS_QUEUE", "agent_jobs")
     args = [
@@ -104,7 +105,7 @@ def worker(
         "worker",
         "--loglevel=INFO",
         f"--concurrency={concurrency}",
-        "--pool=prefork",
+        f"--pool={pool}",
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
@@ -118,8 +119,9 @@ def start_worker(
     concurrency: int = 2,
     name: str = "worker",
     queues: str | None = DEFAULT_QUEUES,
+    pool: str = "prefork",
 ) -> Process:
-    return worker(env, concurrency, name, queues).start(ready="ready.")
+    return worker(env, concurrency, name, queues, pool).start(ready="ready.")
 
 
 def start_beat(env: dict[str, str], tmp: Path) -> Process:

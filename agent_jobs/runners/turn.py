@@ -224,8 +224,7 @@ def account_discarded_usage(conn: Connection, run: RunView) -> None:
         usage_step, kind = recording
         if usage_step in rows or usage_rows.usage_recorded(conn, run.run_id, step):
             continue
-        spent = Usage.model_validate(row.result.get("usage") or {})
-        usage_rows.record_usage(
+        usage_rows.charge(
             conn,
             run_id=run.run_id,
             thread_id=run.thread_id,
@@ -234,9 +233,8 @@ def account_discarded_usage(conn: Connection, run: RunView) -> None:
             step=step,
             kind=kind,
             model=row.result.get("model"),
-            spent=spent,
+            spent=Usage.model_validate(row.result.get("usage") or {}),
         )
-        usage_rows.bump_quota(conn, actor=run.actor, day=run.day, tokens=spent.total_tokens)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,33 @@ def record_usage(
 _RECORD = usage.insert()
 
 
+def charge(
+    conn: Connection,
+    *,
+    run_id: str,
+    thread_id: str,
+    actor: str,
+    day: str,
+    step: str,
+    kind: str,
+    model: str | None,
+    spent: Usage,
+) -> None:
+    """A model call's tokens on the ledger and on the actor's quota for `day`."""
+    record_usage(
+        conn,
+        run_id=run_id,
+        thread_id=thread_id,
+        actor=actor,
+        day=day,
+        step=step,
+        kind=kind,
+        model=model,
+        spent=spent,
+    )
+    bump_quota(conn, actor=actor, day=day, tokens=spent.total_tokens)
+
+
 def bump_quota(conn: Connection, *, actor: str, day: str, tokens: int) -> None:
     """Add `tokens` to the actor's count for `day` (an upsert on both dialects)."""
     conn.execute(_BUMP[conn.dialect.name], {"actor": actor, "day": day, "tokens": tokens})
