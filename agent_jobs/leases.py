@@ -55,8 +55,15 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Count one more delivery; never below the attempts the journal has on record (a claimed
+# attempt is counted in its row, and Redis may have lost the count).
 _COUNT = """
 local attempt = redis.call('incr', KEYS[1])
+local floor = tonumber(ARGV[2])
+if attempt <= floor then
+  attempt = floor + 1
+  redis.call('set', KEYS[1], attempt)
+end
 redis.call('expire', KEYS[1], ARGV[1])
 return attempt
 """
@@ -193,9 +200,11 @@ class Leases:
         )
         return True
 
-    def count_attempt(self, run_id: str, step: str) -> int:
-        """Count one more delivery that runs the step; returns its attempt number."""
-        return int(self._count(keys=[_attempts_key(run_id, step)], args=[ATTEMPTS_TTL]))
+    def count_attempt(self, run_id: str, step: str, recorded: int = 0) -> int:
+        """Count one more delivery that runs the step; returns its attempt number, which
+        follows the `recorded` attempts (the step's journal row) if Redis counted fewer."""
+        key = _attempts_key(run_id, step)
+        return int(self._count(keys=[key], args=[ATTEMPTS_TTL, recorded]))
 
     def refresh(self, run_id: str, step: str, holder: Holder, seconds: float) -> bool:
         """Keep the lease alive; False when another delivery holds it now."""

@@ -15,10 +15,17 @@ from celery import Celery, current_task
 
 log = logging.getLogger(__name__)
 
+BUFFER_LIMIT = 64  # events held back at most (a chain's steps flush far sooner)
+
 
 class ChainEvents:
     """`DurableRunner.eager_events` for a worker process: task-received, task-started,
-    then task-succeeded or task-failed, under a task id of the step's own."""
+    then task-succeeded or task-failed, under a task id of the step's own.
+
+    They go out in one message a step: a step's end waits for the next step's start
+    (or for the end of the task that ran the chain: `flush`), as a worker's main process
+    batches the events of delivered tasks.
+    """
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -48,6 +55,7 @@ class ChainEvents:
             expires=None,
         )
         self._send("task-started", task_id)
+        self.flush()
         started = time.monotonic()
         outcome: list[str] = [""]
         try:
@@ -61,6 +69,16 @@ class ChainEvents:
             result=repr(outcome[0]),
             runtime=time.monotonic() - started,
         )
+
+    def flush(self) -> None:
+        """Send the events still held back (the task that ran the chain has ended)."""
+        dispatcher = self._dispatcher
+        if dispatcher is None or self._pid != os.getpid():
+            return
+        try:
+            dispatcher.flush(errors=False)
+        except Exception as exc:  # an event is for watching
+            log.warning("could not send the task events of a chain: %s", exc)
 
     def _send(self, kind: str, task_id: str, **fields: Any) -> None:
         if not self.app.conf.worker_send_task_events:
@@ -77,7 +95,11 @@ class ChainEvents:
                 # The pid and the worker's node name go on every event (as on a
                 # delivered task's events: the pool process's pid, the worker's name).
                 self._dispatcher = self.app.events.Dispatcher(
-                    connection, hostname=self._hostname, enabled=True
+                    connection,
+                    hostname=self._hostname,
+                    enabled=True,
+                    buffer_group={"task"},
+                    buffer_limit=BUFFER_LIMIT,
                 )
                 self._pid = os.getpid()
             return self._dispatcher

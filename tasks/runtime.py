@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import redis
 from celery import Celery, current_app
-from celery.signals import worker_process_init
+from celery.signals import task_postrun, worker_process_init
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -62,6 +62,14 @@ def runtime(celery: Celery) -> Runtime:
             runner.eager_events = ChainEvents(celery)
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime
+
+
+@task_postrun.connect
+def _flush_chain_events(**_: object) -> None:
+    """A task that ran steps in a chain has ended: Flower hears of its last step now."""
+    current = _runtime
+    if current is not None and isinstance(current.runner.eager_events, ChainEvents):
+        current.runner.eager_events.flush()
 
 
 @worker_process_init.connect

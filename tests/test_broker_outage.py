@@ -47,7 +47,8 @@ def test_a_worker_survives_redis_restarts_with_a_step_in_flight(cluster: Cluster
 def test_an_outage_between_steps_delays_the_run_and_never_fails_it(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    cluster.worker(concurrency=2, TEST_GATE_DIR=str(tmp_path))
+    # Every step crosses the broker here (see the next test for the fast path).
+    cluster.worker(concurrency=2, TEST_GATE_DIR=str(tmp_path), AGENT_JOBS_EAGER_STEPS="false")
     run_id = cluster.client.enqueue_run("gated_by_file", "go", actor="user-7")
     cluster.wait_step(run_id, "tool:call_1", "started")
     cluster.redis.stop()
@@ -60,6 +61,28 @@ def test_an_outage_between_steps_delays_the_run_and_never_fails_it(
     cluster.redis.start()
     run = cluster.wait(run_id, timeout=30)
     assert run.status == "completed" and run.output == "through the gate"
+
+
+def test_on_the_fast_path_an_outage_between_steps_does_not_stop_the_run(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The step a pass keeps is claimed in its journal row, not in Redis: the chain goes
+    # on through the outage (only the live frames of those steps are lost).
+    cluster.worker(concurrency=2, TEST_GATE_DIR=str(tmp_path))
+    run_id = cluster.client.enqueue_run("gated_by_file", "go", actor="user-7")
+    cluster.wait_step(run_id, "tool:call_1", "started")
+    cluster.redis.stop()
+    try:
+        (tmp_path / run_id).touch()
+        deadline = time.monotonic() + 30
+        while (run := cluster.store.get_run(run_id)).status == "running":
+            assert time.monotonic() < deadline, run
+            time.sleep(0.05)
+        assert run.status == "completed" and run.output == "through the gate"
+        journal = {j["step"]: j for j in cluster.store.journal(run_id)}
+        assert journal["model:2"]["attempts"] == journal["model:3"]["attempts"] == 1
+    finally:
+        cluster.redis.start()
 
 
 def test_a_send_the_broker_refuses_after_the_commit_is_sent_once_it_is_back(

@@ -288,7 +288,7 @@ def test_a_cancel_posted_while_no_worker_runs_takes_effect_when_one_returns(
 def test_a_killed_worker_resumes_with_the_batch_it_had_claimed(cluster: Cluster) -> None:
     first = cluster.worker(concurrency=1)
     run_id = cluster.client.enqueue_run("claimkill", "go", actor="user-7")
-    cluster.wait_step(run_id, "tool:call_1", "scheduled")
+    cluster.wait_step(run_id, "tool:call_1", "started")  # running, for a second
     cluster.client.post_message(run_id, "first steer")
     cluster.wait_step(run_id, "model:2", "started", timeout=30)  # claimed, and streaming
     first.kill()

@@ -158,18 +158,99 @@ def test_with_no_step_budget_the_kept_step_is_sent(local: Any) -> None:
     assert _states(runner, "eager-budget")["model:1"] == "scheduled"
 
 
-def test_a_failure_on_the_fast_path_hands_the_step_to_the_broker(
+def test_a_failure_on_the_fast_path_gives_the_step_back_to_the_broker(
     local: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner, recorder = local()
 
-    def unreachable(*args: Any, **kwargs: Any) -> bool:
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise redis.ConnectionError("Redis went away")
 
-    monkeypatch.setattr(runner.leases, "take", unreachable)
+    run_step = runner._run_step
+    monkeypatch.setattr(runner, "_run_step", unreachable)
     assert _start(runner, "eager-fallback") == "waiting model:1"
     assert recorder.sent == [(MODEL_TURN, "model:1")]  # nothing ran, nothing is lost
-    assert _states(runner, "eager-fallback")["model:1"] == "scheduled"
+    [row] = [j for j in runner.store.journal("eager-fallback") if j["step"] == "model:1"]
+    # The claim is given back: whoever is sent the step takes it as a first attempt.
+    assert (row["state"], row["holder"], row["attempts"]) == ("scheduled", None, 0)
+    monkeypatch.setattr(runner, "_run_step", run_step)
+    assert runner.execute_step("eager-fallback", "model:1", task=MODEL_TURN, retries=0).startswith(
+        "model:1 done"
+    )
+
+
+def _journal_row(runner: DurableRunner, run_id: str, step: str) -> dict[str, Any]:
+    [row] = [j for j in runner.store.journal(run_id) if j["step"] == step]
+    return row
+
+
+def test_a_kept_step_is_claimed_in_its_row_with_no_lease_in_redis(local: Any) -> None:
+    runner, _ = local(eager_max_steps=1)
+    seen: dict[str, Any] = {}
+
+    def looking(run_id: str, step: str) -> None:
+        seen[step] = _journal_row(runner, run_id, step)
+        seen[step + " lease"] = runner.leases.client.get(f"agent_jobs:lease:{run_id}:{step}")
+        # A delivery of the step meanwhile (a stray, a re-send) leaves it alone.
+        runner.before_lease = None
+        seen["duplicate"] = runner.execute_step(run_id, step, task=MODEL_TURN)
+        runner.before_lease = looking
+
+    runner.before_lease = looking
+    assert _start(runner, "eager-claim") == "waiting model:1"
+    row = seen["model:1"]
+    assert row["state"] == "started" and row["attempts"] == 1
+    assert Holder.parse(row["holder"]) is not None
+    assert Holder.parse(row["holder"]).pid == os.getpid()  # type: ignore[union-attr]
+    assert seen["model:1 lease"] is None
+    assert seen["duplicate"] == "model:1 already running"
+    done = _journal_row(runner, "eager-claim", "model:1")
+    assert (done["state"], done["attempts"]) == ("done", 1)
+    assert runner.leases.client.get("agent_jobs:attempts:eager-claim:model:1") is None
+
+
+def _claim_as(runner: DurableRunner, run_id: str, step: str, holder: Holder) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from agent_jobs.store.db import utcnow
+    from agent_jobs.store.schema import journal
+
+    with runner.store.begin() as conn:
+        conn.execute(
+            update(journal)
+            .where(journal.c.run_id == run_id, journal.c.step == step)
+            .values(
+                state="started",
+                attempts=1,
+                holder=str(holder),
+                lease_until=utcnow() + timedelta(seconds=30),
+            )
+        )
+
+
+def test_a_claim_whose_process_died_is_re_sent_and_taken_over(local: Any) -> None:
+    runner, recorder = local(eager_max_steps=0)
+    _start(runner, "eager-dead-claim")
+    me = Holder.me()
+    # A live claimant's step is neither re-sent nor run by a delivery.
+    _claim_as(runner, "eager-dead-claim", "model:1", me)
+    recorder.sent.clear()
+    runner.continue_run("eager-dead-claim")
+    assert recorder.sent == []
+    assert (
+        runner.execute_step("eager-dead-claim", "model:1", task=MODEL_TURN)
+        == "model:1 already running"
+    )
+    # The claimant died (a pid that cannot be running): the returning message re-sends
+    # the step, and its delivery runs it as the second attempt.
+    _claim_as(runner, "eager-dead-claim", "model:1", Holder(me.machine, 2**22 + 7, "gone", "t"))
+    runner.continue_run("eager-dead-claim")
+    assert recorder.sent == [(MODEL_TURN, "model:1")]
+    outcome = runner.execute_step("eager-dead-claim", "model:1", task=MODEL_TURN)
+    assert outcome.startswith("model:1 done"), outcome
+    assert _journal_row(runner, "eager-dead-claim", "model:1")["attempts"] == 2
 
 
 def test_a_redelivered_task_sends_the_steps_a_dead_process_held(local: Any) -> None:

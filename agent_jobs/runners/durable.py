@@ -42,15 +42,24 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
-from . import waits
-from .replay import DurableHooks, task_for
-from .step_tasks import IN_FLIGHT, Completion, EagerEvents, Kept, heartbeat, quiet_events, refusal
+from . import recovery, waits
+from .replay import DurableHooks
+from .step_tasks import (
+    IN_FLIGHT,
+    Completion,
+    EagerEvents,
+    Kept,
+    claimed_by_another,
+    heartbeat,
+    model_failed,
+    quiet_events,
+    refusal,
+)
 from .turn import (
     Ending,
     Finished,
     account_discarded_usage,
     announce_end,
-    ask_waterfall,
     finish_turn,
     start_turn,
     stop_cause,
@@ -117,12 +126,17 @@ class DurableRunner:
     def continue_run(self, run_id: str) -> str:
         """`coordinate`, in a worker's task: the step the pass schedules runs here at once
         (of a fan-out, the first member; the others are sent)."""
-        outcome, kept = self._drive(run_id, None, keep=self.settings.eager_steps)
+        outcome, kept = self._drive(run_id, None, keep=self._eager)
         if kept is not None:
             self._chain(run_id, kept)
         else:
             self._adopt_orphans(run_id)  # this may be the message of a task that died
         return outcome
+
+    @property
+    def _eager(self) -> bool:
+        """Whether a task's own pass may keep the step it schedules (see `_chain`)."""
+        return self.settings.eager_steps and self.settings.eager_max_steps > 0
 
     def _drive(
         self, run_id: str, completion: Completion | None, *, keep: bool
@@ -142,6 +156,7 @@ class DurableRunner:
         ending: Ending | None = None
         finished = Finished()
         hooks: DurableHooks | None = None
+        kept: Kept | None = None
         wake_at_deadline: datetime | None = None
         with self.store.begin() as conn:
             row = run_rows.lock_and_touch(conn, run_id)
@@ -151,23 +166,22 @@ class DurableRunner:
             stream = RunStream(self.streams, run.root_run_id, run_id)
             env = StepEnv(app=self.app, stream=stream)
             if completion is not None:
-                journal_rows.complete(
-                    conn,
-                    run_id,
-                    completion.step,
-                    state=completion.state,
-                    result=completion.result,
-                    error=completion.error,
-                    attempts=completion.attempt,
-                    started_at=completion.started_at,
-                )
                 env.events.extend(completion.events)
             if run.finished:
-                if run.status == "cancelled" and completion is not None:
-                    account_discarded_usage(conn, run)  # its tokens were still spent
+                if completion is not None:
+                    journal_rows.complete(conn, run_id, completion.step, **completion.outcome)
+                    if run.status == "cancelled":
+                        account_discarded_usage(conn, run)  # its tokens were still spent
                 env.flush_events(conn)
                 return run.status, None  # a late result of a finished run changes nothing
-            rows = list(journal_rows.load_for_replay(conn, run_id))
+            if completion is not None:
+                rows = list(
+                    journal_rows.complete_and_load(
+                        conn, run_id, completion.step, **completion.outcome
+                    )
+                )
+            else:
+                rows = list(journal_rows.load_for_replay(conn, run_id))
             if completion is not None and any(r.state in IN_FLIGHT for r in rows):
                 # A sibling of a fan-out is still out: a replay would stop at it, and its
                 # own result re-drives the run. Record this one and spare the replay.
@@ -196,27 +210,16 @@ class DurableRunner:
                 else:
                     ending = Ending.completed(result.output)
                     outcome = "completed"
+                if keep and ending is None:
+                    kept = self._claim(run, hooks)
                 journal_rows.insert_many(conn, hooks.new_rows)
                 if ending is not None:
                     finished = finish_turn(conn, env, self.app, run, ending)
             env.flush_events(conn)
         # Committed: now the world may hear of it.
         env.flush()
-        kept: Kept | None = None
         if hooks is not None:
-            sending = hooks.to_dispatch
-            if keep and sending and ending is None:
-                (task, step), sending = sending[0], sending[1:]
-                [written] = [r for r in hooks.new_rows if r["step"] == step]
-                # The row as a step task reads it (`journal.get_with_run`).
-                snapshot = SimpleNamespace(
-                    **written,
-                    run_status="running",
-                    root_run_id=run.root_run_id,
-                    thread_id=run.thread_id,
-                )
-                kept = Kept(task, step, snapshot)
-            self.dispatcher.steps(run_id, sending)
+            self.dispatcher.steps(run_id, hooks.to_dispatch)
             for child in hooks.children:
                 self.dispatcher.coordinate(child)
         if ending is not None:
@@ -229,6 +232,22 @@ class DurableRunner:
             left = (wake_at_deadline - utcnow()).total_seconds()
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
         return outcome, kept
+
+    def _claim(self, run: RunView, hooks: DurableHooks) -> Kept | None:
+        """Keep the first remote step the pass schedules for this process to run at once:
+        its row is written claimed (started, leased to this process), so the claim costs
+        nothing beyond the pass's own insert; the other steps are sent."""
+        if not hooks.to_dispatch:
+            return None
+        task, step = hooks.to_dispatch.pop(0)
+        [written] = [r for r in hooks.new_rows if r["step"] == step]
+        holder = Holder.me()
+        journal_rows.claim(written, str(holder), self.settings.step_lease)
+        # The row as a step task reads it (`journal.get_with_run`).
+        snapshot = SimpleNamespace(
+            **written, run_status="running", root_run_id=run.root_run_id, thread_id=run.thread_id
+        )
+        return Kept(task, step, snapshot, holder)
 
     def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
         parked = hooks.parked
@@ -271,9 +290,7 @@ class DurableRunner:
         `RetryLater`: the task adapter hands it to Celery's retry countdown, so no
         worker sleeps.
         """
-        outcome, kept = self._step(
-            run_id, step, task=task, retries=retries, keep=self.settings.eager_steps
-        )
+        outcome, kept = self._step(run_id, step, task=task, retries=retries, keep=self._eager)
         if kept is not None:
             self._chain(run_id, kept)
         return outcome
@@ -282,21 +299,20 @@ class DurableRunner:
         """Run the steps passes keep back, one after another, in this task: the next step
         runs where the last one ended, with no broker round trip.
 
-        Each is claimed as a delivered task claims it (its row is `scheduled`, its lease
-        taken, its attempt counted), so a worker that dies in one is recovered as for
-        a delivered step: the message of the task that began the chain comes back and
-        adopts the steps nobody holds (`_adopt_orphans`), or the sweep does. The chain
-        starts no step after `eager_budget` seconds or `eager_max_steps` steps (the
-        task's time limit allows one more step after the budget), and any failure on
-        the way hands the step to the broker.
+        The pass that keeps a step writes its row claimed by this process (`_claim`): its
+        first attempt, leased in the row itself, which the heartbeat extends while it
+        runs. A delivery of the step meanwhile leaves it alone; if this process dies, the
+        message of the task that began the chain comes back and sends the steps whose
+        claimant is gone (`_adopt_orphans`), or the sweep sends them once the claim
+        lapses. A pass keeps no step after `eager_budget` seconds or `eager_max_steps`
+        steps of a chain (the task's time limit allows one more step after the budget),
+        and any failure on the way gives the step back and sends it.
         """
         settings = self.settings
         deadline = time.monotonic() + settings.eager_budget
-        for ran in itertools.count():
+        for ran in itertools.count(1):
             task, step = kept.send
-            if ran >= settings.eager_max_steps or time.monotonic() >= deadline:
-                self.dispatcher.steps(run_id, [kept.send])
-                return
+            more = ran < settings.eager_max_steps and time.monotonic() < deadline
             task_id = str(uuid.uuid4())  # the step's own, as if it had been delivered
             try:
                 with (
@@ -305,7 +321,7 @@ class DurableRunner:
                 ):
                     started = time.monotonic()
                     outcome, following = self._step(
-                        run_id, step, task=task, retries=0, keep=True, row=kept.row
+                        run_id, step, task=task, retries=0, keep=more, kept=kept
                     )
                     report(f"{run_id} {outcome}")
                     log.info(
@@ -320,11 +336,19 @@ class DurableRunner:
                 return
             except Exception:
                 log.warning("step %s of run %s goes to the broker", step, run_id, exc_info=True)
+                self._unclaim(run_id, kept)
                 self.dispatcher.steps(run_id, [kept.send])
                 return
             if following is None:
                 return
             kept = following
+
+    def _unclaim(self, run_id: str, kept: Kept) -> None:
+        try:
+            with self.store.begin() as conn:
+                journal_rows.unclaim(conn, run_id, kept.step, str(kept.holder))
+        except Exception as exc:  # the claim lapses; then the sweep sends the step
+            log.warning("could not give back %s of run %s: %s", kept.step, run_id, exc)
 
     def _step(
         self,
@@ -334,23 +358,27 @@ class DurableRunner:
         task: str,
         retries: int,
         keep: bool,
-        row: Any = None,
+        kept: Kept | None = None,
     ) -> tuple[str, Kept | None]:
-        """One step, by a delivered task or (with the pass's `row`) in a chain."""
+        """One step, by a delivered task or (`kept` by the pass before) in a chain."""
         settings = self.settings
-        holder = Holder.me()
+        holder = Holder.me() if kept is None else kept.holder
         if self.before_lease is not None:
             self.before_lease(run_id, step)
         # The lease first, then the step's state: a duplicate that read the state before
         # the first delivery finished would otherwise run the step again once the lease
-        # is free.
-        if not self.leases.take(run_id, step, holder, settings.step_lease):
+        # is free. A kept step's lease is the claim its row was written with.
+        if kept is None and not self.leases.take(run_id, step, holder, settings.step_lease):
             return f"{step} already running", None  # a duplicate delivery
         try:
-            if row is None:
+            if kept is not None:
+                row = kept.row
+            else:
                 with self.store.connect() as conn:
                     row = journal_rows.get_with_run(conn, run_id, step)
             refused = refusal(row, step, task)
+            if refused is None and kept is None and claimed_by_another(row):
+                refused = f"{step} already running"  # in the chain of the task that kept it
             if refused is not None:
                 if (
                     row is not None
@@ -359,7 +387,10 @@ class DurableRunner:
                 ):
                     self._adopt_orphans(run_id)
                 return refused, None
-            attempt = self.leases.count_attempt(run_id, step)
+            if kept is not None:
+                attempt = 1
+            else:  # a claimed attempt that died was counted in its row, not in Redis
+                attempt = self.leases.count_attempt(run_id, step, row.attempts)
             # Deliberate retries do not count against the attempts a crashing step gets.
             if attempt > settings.step_max_attempts + retries:
                 completion = Completion(
@@ -372,9 +403,11 @@ class DurableRunner:
                     attempt=attempt - 1,
                 )
             else:
-                completion = self._run_step(row, step, holder, attempt, retries)
-            outcome, kept = self._drive(run_id, completion, keep=keep)
-            return f"{step} {completion.state}; {outcome}", kept
+                completion = self._run_step(
+                    row, step, holder, attempt, retries, claimed=kept is not None
+                )
+            outcome, following = self._drive(run_id, completion, keep=keep)
+            return f"{step} {completion.state}; {outcome}", following
         except RetryLater as later:
             with self.store.begin() as conn:
                 # Keep the sweep off the step until its retry is due.
@@ -384,25 +417,16 @@ class DurableRunner:
             raise
         finally:
             try:
-                self.leases.release(run_id, step, holder)
+                if kept is None:
+                    self.leases.release(run_id, step, holder)
             except redis.RedisError as exc:  # it expires; the step's outcome is recorded
                 log.warning("could not release the lease of %s/%s: %s", run_id, step, exc)
 
     def _adopt_orphans(self, run_id: str) -> None:
-        """Send the run's steps in flight whose holder died: a task that ran them in its
-        chain (see `_chain`) died, and its message, come back, is this delivery."""
-        with self.store.connect() as conn:
-            flying = journal_rows.in_flight(conn, run_id)
-        if not flying:
-            return
-        dead = self.leases.orphaned(run_id, [r.step for r in flying])
-        orphans = [(task_for(parse_intent(r.intent)), r.step) for r in flying if r.step in dead]
-        if orphans:
-            log.info("run %s: re-sending %s, whose process died", run_id, orphans)
-            self.dispatcher.steps(run_id, orphans)
+        recovery.adopt_orphans(self.store, self.leases, self.dispatcher, run_id)
 
     def _run_step(
-        self, row: Any, step: str, holder: Holder, attempt: int, retries: int
+        self, row: Any, step: str, holder: Holder, attempt: int, retries: int, *, claimed: bool
     ) -> Completion:
         run_id = row.run_id
         stream = RunStream(self.streams, row.root_run_id, run_id)
@@ -423,11 +447,14 @@ class DurableRunner:
             holder,
             attempt,
             started,
+            claimed=claimed,
         ):
             try:
                 result = dump(execute_remote(intent, env, step))
             except ModelError as failure:
-                return self._model_failed(row, step, failure, attempt, retries, started)
+                return model_failed(
+                    self.app, self.settings, row, step, failure, attempt, retries, started
+                )
             except Exception as exc:
                 log.info("step %s of run %s failed: %s", step, run_id, exc)
                 message = (
@@ -444,57 +471,10 @@ class DurableRunner:
             step, "done", result=result, attempt=attempt, started_at=started, events=events
         )
 
-    def _model_failed(
-        self,
-        row: Any,
-        step: str,
-        error: ModelError,
-        attempt: int,
-        retries: int,
-        started: datetime,
-    ) -> Completion:
-        """Ask the request-error waterfall: retry later, or fail the step for good."""
-        action, event = ask_waterfall(
-            self.app,
-            self.settings,
-            error,
-            run_id=row.run_id,
-            thread_id=row.thread_id,
-            step=step,
-            retry_count=retries,
-            attempt=attempt,
-        )
-        log.info("model step %s of run %s: %s", step, row.run_id, action.reason)
-        if action.kind == "retry":
-            raise RetryLater(action.delay, event)
-        return Completion(
-            step,
-            "failed",
-            error=action.reason,
-            attempt=attempt,
-            started_at=started,
-            events=(event,),
-        )
-
     # --- recovery ----------------------------------------------------------------------
 
     def sweep(self) -> int:
         """Re-drive runs that made no progress for a while; returns how many."""
-        cutoff = utcnow() - timedelta(seconds=self.settings.sweep_stale_after)
-        with self.store.connect() as conn:
-            stale = run_rows.stale_run_ids(conn, cutoff=cutoff)
-        for run_id in stale:
-            with self.store.begin() as conn:
-                stranded = journal_rows.stranded(conn, run_id, older_than=cutoff)
-                run_rows.touch(conn, run_id)
-            running = self.leases.held(run_id, [row.step for row in stranded])
-            steps = [
-                (task_for(parse_intent(row.intent)), row.step)
-                for row in stranded
-                if row.step not in running
-            ]
-            if steps:
-                log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)
-                self.dispatcher.steps(run_id, steps)
-            self.dispatcher.coordinate(run_id)
-        return len(stale)
+        return recovery.sweep(
+            self.store, self.leases, self.dispatcher, self.settings.sweep_stale_after
+        )

@@ -4,8 +4,11 @@ and how a step run in a chain is reported."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -14,13 +17,18 @@ from typing import Any, Literal
 
 import redis
 
+from ..app import AgentApp
+from ..errors import ModelError, RetryLater
 from ..leases import Holder, Leases
+from ..settings import Settings
 from ..steps import parse_intent
 from ..store import Store
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
+from ..store.db import utcnow
 from .replay import task_for
+from .turn import ask_waterfall
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,7 @@ class Kept:
     task: str
     step: str
     row: Any
+    holder: Holder  # the claim the pass wrote on the row
 
     @property
     def send(self) -> tuple[str, str]:
@@ -85,6 +94,85 @@ class Completion:
     started_at: datetime | None = None
     events: tuple[event_rows.PendingEvent, ...] = ()
 
+    @property
+    def outcome(self) -> dict[str, Any]:
+        """The journal's `complete` arguments, after the run and the step."""
+        return {
+            "state": self.state,
+            "result": self.result,
+            "error": self.error,
+            "attempts": self.attempt,
+            "started_at": self.started_at,
+        }
+
+
+class Beats:
+    """One thread a process beats for every step of the process that runs (a thread a
+    step cost more than a short step's own work)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a pool process starts afresh
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, float, Callable[[], bool]]] = {}
+        self._ids = itertools.count()
+        self._beating: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, interval: float, beat: Callable[[], bool]) -> int:
+        """Call `beat` every `interval` seconds, first after one, until it returns False
+        or `remove` is called."""
+        with self._cond:
+            key = next(self._ids)
+            self._due[key] = (time.monotonic() + interval, interval, beat)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease-beats", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return key
+
+    def remove(self, key: int) -> None:
+        """Stop beating; returns once a beat in progress has finished."""
+        with self._cond:
+            self._due.pop(key, None)
+            while self._beating == key:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            key, beat = self._next()
+            try:
+                keep = beat()
+            except Exception:  # pragma: no cover - a beat logs its own failures
+                log.exception("a lease heartbeat failed")
+                keep = True
+            with self._cond:
+                if not keep:
+                    self._due.pop(key, None)
+                self._beating = None
+                self._cond.notify_all()
+
+    def _next(self) -> tuple[int, Callable[[], bool]]:
+        """Wait for the beat due first; mark it in progress."""
+        with self._cond:
+            while True:
+                if not self._due:
+                    self._cond.wait()
+                    continue
+                key, (due, interval, beat) = min(self._due.items(), key=lambda kv: kv[1][0])
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                self._due[key] = (time.monotonic() + interval, interval, beat)
+                self._beating = key
+                return key, beat
+
+
+BEATS = Beats()
+
 
 @contextmanager
 def heartbeat(
@@ -96,32 +184,81 @@ def heartbeat(
     holder: Holder,
     attempt: int,
     started: datetime,
+    *,
+    claimed: bool = False,
 ) -> Iterator[None]:
     """While the step runs: keep its lease alive, and show it `started` once it
-    has run for a moment (short steps go from scheduled to done in one commit)."""
-    stop = threading.Event()
-    beat = min(lease / 3, 1.0)
+    has run for a moment (short steps go from scheduled to done in one commit).
 
-    def keep() -> None:
-        while not stop.wait(beat):
+    A `claimed` step's lease is its journal row's (the pass that scheduled it claimed
+    it); any other's is in Redis, and the row's lease only keeps the sweep off it.
+    """
+
+    def keep() -> bool:
+        if not claimed:
             try:
                 if not leases.refresh(run_id, step, holder, lease):
-                    return  # another delivery holds it now
+                    return False  # another delivery holds it now
             except redis.RedisError as exc:
                 log.warning("could not renew the lease of %s/%s: %s", run_id, step, exc)
-            # Postgres too: while Redis is away, this keeps the sweep off the step.
-            try:
-                with store.begin() as conn:
-                    journal_rows.mark_started(
-                        conn, run_id, step, attempt=attempt, started_at=started, lease=lease
-                    )
-            except Exception as exc:  # the step goes on; the sweep is the backstop
-                log.warning("heartbeat of %s/%s failed: %s", run_id, step, exc)
+        # Postgres too: while Redis is away, this keeps the sweep off the step.
+        try:
+            with store.begin() as conn:
+                journal_rows.mark_started(
+                    conn,
+                    run_id,
+                    step,
+                    attempt=attempt,
+                    started_at=started,
+                    lease=lease,
+                    holder=str(holder) if claimed else None,
+                )
+        except Exception as exc:  # the step goes on; the sweep is the backstop
+            log.warning("heartbeat of %s/%s failed: %s", run_id, step, exc)
+        return True
 
-    keeper = threading.Thread(target=keep, name=f"lease-{step}", daemon=True)
-    keeper.start()
+    key = BEATS.add(min(lease / 3, 1.0), keep)
     try:
         yield
     finally:
-        stop.set()
-        keeper.join()
+        BEATS.remove(key)
+
+
+def claimed_by_another(row: Any) -> bool:
+    """Whether the step's row is claimed by a process that may still be running it (the
+    pass that scheduled it claimed it, and the claim has neither lapsed nor lost its
+    holder): a delivery of the step must leave it alone."""
+    if row.holder is None or row.lease_until is None or row.lease_until <= utcnow():
+        return False
+    holder = Holder.parse(row.holder)
+    return holder is None or not holder.gone()
+
+
+def model_failed(
+    app: AgentApp,
+    settings: Settings,
+    row: Any,
+    step: str,
+    error: ModelError,
+    attempt: int,
+    retries: int,
+    started: datetime,
+) -> Completion:
+    """A model step's call failed: ask the request-error waterfall whether to retry it
+    later (raises `RetryLater`) or fail the step for good."""
+    action, event = ask_waterfall(
+        app,
+        settings,
+        error,
+        run_id=row.run_id,
+        thread_id=row.thread_id,
+        step=step,
+        retry_count=retries,
+        attempt=attempt,
+    )
+    log.info("model step %s of run %s: %s", step, row.run_id, action.reason)
+    if action.kind == "retry":
+        raise RetryLater(action.delay, event)
+    return Completion(
+        step, "failed", error=action.reason, attempt=attempt, started_at=started, events=(event,)
+    )

@@ -83,8 +83,14 @@ def mark_started(
     attempt: int,
     started_at: datetime,
     lease: float,
+    holder: str | None = None,
 ) -> bool:
-    """Show a long-running step as started, with the lease its worker keeps alive."""
+    """Show a long-running step as started, with the lease its worker keeps alive.
+
+    `holder` is the claimant when the lease lives here (a step claimed by the pass that
+    scheduled it); None when Redis holds it, which also clears a claim a dead process
+    left behind.
+    """
     result = conn.execute(
         update(journal)
         .where(
@@ -97,7 +103,36 @@ def mark_started(
             attempts=attempt,
             started_at=started_at,
             lease_until=utcnow() + timedelta(seconds=lease),
+            holder=holder,
         )
+    )
+    return result.rowcount == 1
+
+
+def claim(values: dict[str, Any], holder: str, lease: float) -> None:
+    """Make a `scheduled` row of `row()` one the pass's own process runs at once: its
+    first attempt, started now, leased to `holder` (written with the pass, no round trip)."""
+    now = utcnow()
+    values.update(
+        state="started",
+        attempts=1,
+        started_at=now,
+        lease_until=now + timedelta(seconds=lease),
+        holder=holder,
+    )
+
+
+def unclaim(conn: Connection, run_id: str, step: str, holder: str) -> bool:
+    """Give a claimed step back to the broker: `scheduled` again, for whoever is sent it."""
+    result = conn.execute(
+        update(journal)
+        .where(
+            journal.c.run_id == run_id,
+            journal.c.step == step,
+            journal.c.holder == holder,
+            journal.c.state.in_(("scheduled", "started")),
+        )
+        .values(state="scheduled", attempts=0, started_at=None, lease_until=None, holder=None)
     )
     return result.rowcount == 1
 
@@ -118,7 +153,7 @@ def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
             journal.c.step == step,
             journal.c.state.in_(("scheduled", "started")),
         )
-        .values(lease_until=until)
+        .values(lease_until=until, holder=None)  # whoever it is sent to may take it
     )
 
 
@@ -161,8 +196,41 @@ def complete(
     started_at: datetime | None = None,
 ) -> bool:
     """Write a step's outcome; the first writer wins."""
+    values = _outcome(run_id, step, state, result, error, attempts, started_at)
+    return conn.execute(_COMPLETE, values).rowcount == 1
+
+
+def complete_and_load(
+    conn: Connection,
+    run_id: str,
+    step: str,
+    *,
+    state: Literal["done", "failed"],
+    result: Any = None,
+    error: str | None = None,
+    attempts: int | None = None,
+    started_at: datetime | None = None,
+) -> Sequence[Any]:
+    """`complete`, then `load_for_replay`: on Postgres in one statement (the outcome's
+    row as written, the others as they were), the two in a row on SQLite."""
+    values = _outcome(run_id, step, state, result, error, attempts, started_at)
+    if conn.dialect.name != "postgresql":
+        conn.execute(_COMPLETE, values)
+        return load_for_replay(conn, run_id)
+    return conn.execute(_COMPLETE_AND_REPLAY, values).all()
+
+
+def _outcome(
+    run_id: str,
+    step: str,
+    state: str,
+    result: Any,
+    error: str | None,
+    attempts: int | None,
+    started_at: datetime | None,
+) -> dict[str, Any]:
     now = utcnow()
-    values = {
+    return {
         "b_run_id": run_id,
         "b_step": step,
         "b_state": state,
@@ -172,7 +240,6 @@ def complete(
         "b_attempts": attempts,
         "b_started_at": started_at,
     }
-    return conn.execute(_COMPLETE, values).rowcount == 1
 
 
 _COMPLETE = (
@@ -194,6 +261,14 @@ _COMPLETE = (
     )
 )
 
+_REPLAYED = (journal.c.step, journal.c.seq, journal.c.state, journal.c.result, journal.c.error)
+_DONE = _COMPLETE.returning(*_REPLAYED).cte("done")
+_COMPLETE_AND_REPLAY = (
+    select(*_REPLAYED)
+    .where(journal.c.run_id == bindparam("b_run_id"), journal.c.step.not_in(select(_DONE.c.step)))
+    .union_all(select(_DONE.c.step, _DONE.c.seq, _DONE.c.state, _DONE.c.result, _DONE.c.error))
+    .order_by("seq")
+)
 
 _INSERT = insert(journal)
 
@@ -231,4 +306,5 @@ def row(
         "started_at": now if done else None,
         "lease_until": None,
         "finished_at": now if done else None,
+        "holder": None,
     }

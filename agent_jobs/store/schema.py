@@ -174,6 +174,10 @@ journal = Table(
     # while it runs. Past it, the sweep hands the step to another worker.
     Column("lease_until", DateTime(timezone=True), nullable=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),
+    # The process that claimed the step in the very pass that scheduled it (to run it
+    # at once, with no broker round trip): its lease lives here, with `lease_until`,
+    # instead of in Redis. Empty for a step a delivered task runs.
+    Column("holder", String(200), nullable=True),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)
 

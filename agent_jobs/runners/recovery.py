@@ -1,0 +1,62 @@
+"""What the durable runner sends again when nobody will finish a step: the steps of a run
+whose holder died (found by a task's returning message), and the steps of runs that made
+no progress for a while (found by the sweep)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from ..dispatch import Dispatcher
+from ..leases import Holder, Leases
+from ..steps import parse_intent
+from ..store import Store
+from ..store import journal as journal_rows
+from ..store import runs as run_rows
+from ..store.db import utcnow
+from .replay import task_for
+
+log = logging.getLogger(__name__)
+
+
+def adopt_orphans(store: Store, leases: Leases, dispatcher: Dispatcher, run_id: str) -> None:
+    """Send the run's steps in flight whose holder died: a task that ran them in its
+    chain died, and its message, come back, is the delivery that calls this.
+
+    A step claimed in its row (kept by a pass) names its holder there; any other step's
+    holder is its Redis lease.
+    """
+    with store.connect() as conn:
+        flying = journal_rows.in_flight(conn, run_id)
+    if not flying:
+        return
+    claimed = {r.step: Holder.parse(r.holder) for r in flying if r.holder is not None}
+    dead = {step for step, holder in claimed.items() if holder is not None and holder.gone()}
+    dead |= leases.orphaned(run_id, [r.step for r in flying if r.step not in claimed])
+    orphans = [(task_for(parse_intent(r.intent)), r.step) for r in flying if r.step in dead]
+    if orphans:
+        log.info("run %s: re-sending %s, whose process died", run_id, orphans)
+        dispatcher.steps(run_id, orphans)
+
+
+def sweep(store: Store, leases: Leases, dispatcher: Dispatcher, stale_after: float) -> int:
+    """Re-drive runs that made no progress for `stale_after` seconds, and send their
+    remote steps nobody holds (a claim or a lease); returns how many runs."""
+    cutoff = utcnow() - timedelta(seconds=stale_after)
+    with store.connect() as conn:
+        stale = run_rows.stale_run_ids(conn, cutoff=cutoff)
+    for run_id in stale:
+        with store.begin() as conn:
+            stranded = journal_rows.stranded(conn, run_id, older_than=cutoff)
+            run_rows.touch(conn, run_id)
+        running = leases.held(run_id, [row.step for row in stranded])
+        steps = [
+            (task_for(parse_intent(row.intent)), row.step)
+            for row in stranded
+            if row.step not in running
+        ]
+        if steps:
+            log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)
+            dispatcher.steps(run_id, steps)
+        dispatcher.coordinate(run_id)
+    return len(stale)
