@@ -73,8 +73,12 @@ class StepEnv:
         self.events.append((thread_id, run_id, type, data))
 
     def flush_events(self, conn: Connection) -> None:
+        event_rows.append(conn, self.take_events())
+
+    def take_events(self) -> list[event_rows.PendingEvent]:
+        """The events added so far, for the caller to write (see `flush_events`)."""
         pending, self.events = self.events, []
-        event_rows.append(conn, pending)
+        return pending
 
     def flush(self) -> None:
         frames, self.frames = self.frames, []

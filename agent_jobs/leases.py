@@ -123,6 +123,12 @@ def _start_time(pid: int) -> str:
     return fields[19] if fields is not None and len(fields) > 19 else "?"
 
 
+@cache
+def _own_start_time(pid: int) -> str:
+    """This process's start time, read once (keyed by pid: a fork reads its own)."""
+    return _start_time(pid)
+
+
 @dataclass(frozen=True)
 class Holder:
     """The process that holds a lease."""
@@ -147,7 +153,7 @@ class Holder:
     def me(cls) -> Holder:
         """A new holder for this process (each acquisition has its own token)."""
         pid = os.getpid()
-        return cls(this_machine(), pid, _start_time(pid), uuid.uuid4().hex)
+        return cls(this_machine(), pid, _own_start_time(pid), uuid.uuid4().hex)
 
     def gone(self) -> bool:
         """True only when this process is provably not running any more."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from agent_jobs.messages import Message, ToolCall
 from agent_jobs.store import Store, journal, runs, threads, toolcalls
@@ -427,3 +428,43 @@ def test_events_are_numbered_per_thread_in_one_go_and_need_their_thread(store: S
         event_rows.append(conn, [("no-such-thread", None, "a", {})])
     with store.connect() as conn:
         assert event_rows.for_thread(conn, "no-such-thread") == []
+
+
+def test_a_passs_journal_rows_and_events_are_written_as_given(store: Store) -> None:
+    """One statement on Postgres (the rows as one JSON document, typed by the table):
+    every value comes back as it went in, with the events numbered beside them."""
+    from agent_jobs.store import events as event_rows
+
+    _run(store, "odd")
+    odd: dict[str, object] = {
+        "quote": 'it\'s "quoted" \\ back',
+        "markup": "<b>&amp;</b>",
+        "unicode": "é ✓ 😀",
+        "nested": {"list": [1, 2.5, None, True, {"x": []}]},
+    }
+    rows = [
+        journal.row(run_id="odd", step="a", seq=1, state="done", intent=odd, result="a string"),
+        journal.row(run_id="odd", step="b", seq=2, state="scheduled", intent={"n": 0}),
+        journal.row(run_id="odd", step="c", seq=3, state="done", intent=None, result=[1, "x"]),
+    ]
+    journal.claim(rows[1], "me|1|2|token", 30)
+    with store.begin() as conn:
+        journal.insert_many(conn, rows, [("t1", "odd", "step/start", {"text": odd["unicode"]})])
+        journal.insert_many(
+            conn, [journal.row(run_id="odd", step="d", seq=4, state="done", intent={}, result=None)]
+        )
+        journal.insert_many(conn, [], [("t1", None, "later", {})])
+        written = {r.step: r for r in journal.load(conn, "odd")}
+        events = [(e.seq, e.run_id, e.type, e.data) for e in event_rows.for_thread(conn, "t1")]
+    assert written["a"].intent == odd and written["a"].result == "a string"
+    assert written["c"].intent is None and written["c"].result == [1, "x"]
+    claimed = written["b"]
+    assert (claimed.state, claimed.attempts, claimed.holder) == ("started", 1, "me|1|2|token")
+    assert claimed.lease_until > claimed.started_at
+    assert list(written) == ["a", "b", "c", "d"]
+    assert events == [(1, "odd", "step/start", {"text": "é ✓ 😀"}), (2, None, "later", {})]
+    # A row the replay should not have inserted again is a bug, loudly: nothing is written.
+    with pytest.raises(IntegrityError), store.begin() as conn:
+        journal.insert_many(conn, [rows[0]], [("t1", None, "lost", {})])
+    with store.connect() as conn:
+        assert [e.type for e in event_rows.for_thread(conn, "t1")] == ["step/start", "later"]

@@ -212,8 +212,10 @@ class DurableRunner:
                     outcome = "completed"
                 if keep and ending is None:
                     kept = self._claim(run, hooks)
-                journal_rows.insert_many(conn, hooks.new_rows)
-                if ending is not None:
+                if ending is None:  # the pass's rows and events in one statement
+                    journal_rows.insert_many(conn, hooks.new_rows, env.take_events())
+                else:
+                    journal_rows.insert_many(conn, hooks.new_rows)
                     finished = finish_turn(conn, env, self.app, run, ending)
             env.flush_events(conn)
         # Committed: now the world may hear of it.

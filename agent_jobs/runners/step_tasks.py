@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -120,17 +121,20 @@ class Beats:
         self._ids = itertools.count()
         self._beating: int | None = None
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0  # when the beating thread wakes by itself (inf: never)
 
     def add(self, interval: float, beat: Callable[[], bool]) -> int:
         """Call `beat` every `interval` seconds, first after one, until it returns False
         or `remove` is called."""
         with self._cond:
             key = next(self._ids)
-            self._due[key] = (time.monotonic() + interval, interval, beat)
+            due = time.monotonic() + interval
+            self._due[key] = (due, interval, beat)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lease-beats", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if due < self._wakes_at:  # the beating thread sleeps past it: wake it
+                self._cond.notify()
             return key
 
     def remove(self, key: int) -> None:
@@ -159,13 +163,16 @@ class Beats:
         with self._cond:
             while True:
                 if not self._due:
+                    self._wakes_at = math.inf
                     self._cond.wait()
                     continue
                 key, (due, interval, beat) = min(self._due.items(), key=lambda kv: kv[1][0])
                 wait = due - time.monotonic()
                 if wait > 0:
+                    self._wakes_at = due
                     self._cond.wait(wait)
                     continue
+                self._wakes_at = 0.0  # awake: it looks at the beats due before sleeping
                 self._due[key] = (time.monotonic() + interval, interval, beat)
                 self._beating = key
                 return key, beat

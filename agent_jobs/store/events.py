@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, text, update
+from sqlalchemy import Connection, TextClause, bindparam, insert, select, text, update
 
 from .db import utcnow
 from .schema import events, threads
@@ -22,9 +22,8 @@ _TAKE_SEQ = (
 )
 _INSERT = insert(events)
 # Postgres: the sequence taken and the events written in one statement (one round trip).
-_APPEND_PG = text(
-    """
-    WITH taken AS (
+_APPEND_PG = """
+    WITH {before}taken AS (
         UPDATE threads SET event_seq = event_seq + :n WHERE id = :thread_id
         RETURNING event_seq
     )
@@ -33,20 +32,32 @@ _APPEND_PG = text(
     FROM taken, jsonb_to_recordset(CAST(:rows AS jsonb))
         AS e(ord bigint, run_id text, type text, data jsonb)
     RETURNING seq
-    """
-)
+"""
+_APPEND = text(_APPEND_PG.format(before=""))
+# The statements with a write ahead of the events, built once.
+_WITH_BEFORE: dict[str, TextClause] = {}
 
 
-def append(conn: Connection, pending: Sequence[PendingEvent]) -> None:
+def append(
+    conn: Connection,
+    pending: Sequence[PendingEvent],
+    *,
+    before: tuple[str, dict[str, Any]] | None = None,
+) -> None:
     """Append events in order. Taking the sequence locks the thread's row until commit,
-    so the events of one thread are numbered without gaps or races."""
+    so the events of one thread are numbered without gaps or races.
+
+    `before` is another write (a Postgres CTE and its parameters) that goes in the
+    statement of the first thread's events: one round trip for both.
+    """
     by_thread: dict[str, list[PendingEvent]] = {}
     for event in pending:
         by_thread.setdefault(event[0], []).append(event)
     now = utcnow()
     if conn.dialect.name == "postgresql":
         for thread_id, batch in by_thread.items():
-            _append_pg(conn, thread_id, batch, now)
+            _append_pg(conn, thread_id, batch, now, before)
+            before = None
         return
     rows = []
     for thread_id, batch in by_thread.items():
@@ -71,13 +82,26 @@ def append(conn: Connection, pending: Sequence[PendingEvent]) -> None:
         conn.execute(_INSERT, rows)
 
 
-def _append_pg(conn: Connection, thread_id: str, batch: list[PendingEvent], now: datetime) -> None:
+def _append_pg(
+    conn: Connection,
+    thread_id: str,
+    batch: list[PendingEvent],
+    now: datetime,
+    before: tuple[str, dict[str, Any]] | None,
+) -> None:
     rows = [
         {"ord": ord, "run_id": run_id, "type": kind, "data": data}
         for ord, (_, run_id, kind, data) in enumerate(batch, start=1)
     ]
     params = {"thread_id": thread_id, "n": len(batch), "rows": json.dumps(rows), "now": now}
-    written = conn.execute(_APPEND_PG, params).all()
+    statement = _APPEND
+    if before is not None:
+        cte, extra = before
+        if cte not in _WITH_BEFORE:
+            _WITH_BEFORE[cte] = text(_APPEND_PG.format(before=cte + ",\n"))
+        statement = _WITH_BEFORE[cte]
+        params |= extra
+    written = conn.execute(statement, params).all()
     if len(written) != len(batch):  # no such thread: nothing was written
         raise LookupError(f"thread {thread_id} has no row: its events cannot be numbered")
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Integer, Row, bindparam, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Row,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 
+from . import events as event_rows
 from .db import insert_unless_exists, utcnow
+from .events import PendingEvent
 from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
@@ -273,12 +287,39 @@ _COMPLETE_AND_REPLAY = (
 _INSERT = insert(journal)
 
 
-def insert_many(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert the rows a coordinator pass produced, in one statement. A plain INSERT,
-    like `insert_done`: the pass holds the run's row lock and inserts only steps its
-    replay did not find, so a conflict is a bug, never a race to swallow."""
-    if rows:
-        conn.execute(_INSERT, rows)
+def insert_many(
+    conn: Connection, rows: list[dict[str, Any]], events: Sequence[PendingEvent] = ()
+) -> None:
+    """Insert the rows a coordinator pass produced, in one statement, and append the
+    pass's `events` (on Postgres in that same statement). A plain INSERT, like
+    `insert_done`: the pass holds the run's row lock and inserts only steps its replay
+    did not find, so a conflict is a bug, never a race to swallow."""
+    if conn.dialect.name != "postgresql":
+        if rows:
+            conn.execute(_INSERT, rows)
+        event_rows.append(conn, events)
+        return
+    if not rows:
+        event_rows.append(conn, events)
+        return
+    params = {"journal_rows": json.dumps(rows, default=_json_default, ensure_ascii=False)}
+    if events:
+        event_rows.append(conn, events, before=(_INSERT_RECORDS_CTE, params))
+    else:
+        conn.execute(_INSERT_RECORDS, params)
+
+
+# Postgres: the rows as one JSON document, typed by the table's own row type (one
+# statement, one parameter, whatever the number of rows).
+_RECORDS = "jsonb_populate_recordset(NULL::journal, CAST(:journal_rows AS jsonb))"
+_INSERT_RECORDS = text(f"INSERT INTO journal SELECT * FROM {_RECORDS}")
+_INSERT_RECORDS_CTE = f"new_steps AS (INSERT INTO journal SELECT * FROM {_RECORDS})"
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not a journal value")
 
 
 def row(
