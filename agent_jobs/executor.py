@@ -200,9 +200,6 @@ def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) ->
 
 def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
     call = intent.call
-    toolcalls.set_outcome(
-        conn, intent.run_id, call.id, status=intent.status, result=intent.result, error=intent.error
-    )
     message = Message(
         role="tool",
         content=intent.content,
@@ -210,7 +207,16 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
         name=call.name,
         is_error=intent.status != "executed",
     )
-    message_id = threads.append_message(conn, intent.thread_id, intent.run_id, message)
+    message_id = toolcalls.finish_call(
+        conn,
+        intent.run_id,
+        call.id,
+        status=intent.status,
+        result=intent.result,
+        error=intent.error,
+        thread_id=intent.thread_id,
+        message=message,
+    )
     env.emit_after_commit(
         "tool_result",
         call_id=call.id,

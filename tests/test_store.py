@@ -468,3 +468,57 @@ def test_a_passs_journal_rows_and_events_are_written_as_given(store: Store) -> N
         journal.insert_many(conn, [rows[0]], [("t1", None, "lost", {})])
     with store.connect() as conn:
         assert [e.type for e in event_rows.for_thread(conn, "t1")] == ["step/start", "later"]
+
+
+def test_a_calls_outcome_and_its_message_and_a_charge_are_written_as_given(store: Store) -> None:
+    """One statement each on Postgres (an UPDATE or INSERT in a CTE ahead of the other)."""
+    from agent_jobs.messages import Usage
+
+    _run(store)
+    result: dict[str, object] = {"text": '<b>it\'s</b> \\ "q" é 😀', "n": [1, None]}
+    message = Message(role="tool", content="<i>out</i>", tool_call_id="c1", name="t")
+    with store.begin() as conn:
+        toolcalls.insert_call(
+            conn,
+            run_id="r1",
+            call_id="c1",
+            thread_id="t1",
+            name="t",
+            kind="read",
+            args={},
+            status="auto_executed",
+        )
+        first = toolcalls.finish_call(
+            conn,
+            "r1",
+            "c1",
+            status="executed",
+            result=result,
+            error=None,
+            thread_id="t1",
+            message=message,
+        )
+        call = toolcalls.get_call(conn, "r1", "c1")
+        [stored] = [m for m in threads.thread_messages(conn, "t1") if m.tool_call_id == "c1"]
+        for n in (1, 2):
+            usage_rows.charge(
+                conn,
+                run_id="r1",
+                thread_id="t1",
+                actor="u",
+                day="2026-01-01",
+                step=f"model:{n}",
+                kind="model",
+                model="m",
+                spent=Usage(input_tokens=n, output_tokens=10, cost=0.5),
+            )
+        used = usage_rows.tokens_used(conn, actor="u", day="2026-01-01")
+        ledger = usage_rows.run_usage_rows(conn, "r1")
+    assert first > 0 and call is not None
+    assert (call.status, call.result, call.error) == ("executed", result, None)
+    assert (stored.content, stored.name, stored.is_error) == ("<i>out</i>", "t", False)
+    assert used == 11 + 12
+    assert [(u["step"], u["input_tokens"], u["cost"]) for u in ledger] == [
+        ("model:1", 1, 0.5),
+        ("model:2", 2, 0.5),
+    ]

@@ -21,12 +21,21 @@ def thread_exists(conn: Connection, thread_id: str) -> bool:
     return conn.execute(select(threads.c.id).where(threads.c.id == thread_id)).first() is not None
 
 
-_APPEND = insert(messages).returning(messages.c.id)
+APPEND = insert(messages).returning(messages.c.id)
+# The columns `message_row` fills, for a statement written out (a Postgres CTE).
+MESSAGE_COLUMNS = (
+    "thread_id, run_id, role, content, tool_calls, tool_call_id, name, is_error, created_at"
+)
 
 
 def append_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> int:
     """Append a message stamped with the run that wrote it; returns its id."""
-    row = {
+    return int(conn.execute(APPEND, message_row(thread_id, run_id, message)).scalar_one())
+
+
+def message_row(thread_id: str, run_id: str | None, message: Message) -> dict[str, Any]:
+    """A message as `APPEND` takes it."""
+    return {
         "thread_id": thread_id,
         "run_id": run_id,
         "role": message.role,
@@ -37,7 +46,6 @@ def append_message(conn: Connection, thread_id: str, run_id: str | None, message
         "is_error": message.is_error,
         "created_at": utcnow(),
     }
-    return int(conn.execute(_APPEND, row).scalar_one())
 
 
 _TURN_COLUMNS = (

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, insert, select, text, update
 
+from ..messages import Message
+from . import threads
 from .db import utcnow
 from .runs import TERMINAL
-from .schema import runs, tool_calls
+from .schema import messages, runs, tool_calls
 
 CallStatus = Literal[
     "auto_executed", "pending_approval", "approved", "rejected", "executed", "failed"
@@ -98,7 +100,34 @@ def set_outcome(
     result: Any = None,
     error: str | None = None,
 ) -> None:
-    values = {
+    conn.execute(_OUTCOME, _outcome(run_id, call_id, status, result, error))
+
+
+def finish_call(
+    conn: Connection,
+    run_id: str,
+    call_id: str,
+    *,
+    status: CallStatus,
+    result: Any,
+    error: str | None,
+    thread_id: str,
+    message: Message,
+) -> int:
+    """`set_outcome`, and the call's message on the thread (one statement on Postgres);
+    returns the message's id."""
+    if conn.dialect.name != "postgresql":
+        set_outcome(conn, run_id, call_id, status=status, result=result, error=error)
+        return threads.append_message(conn, thread_id, run_id, message)
+    values = _outcome(run_id, call_id, status, result, error)
+    values |= threads.message_row(thread_id, run_id, message)
+    return int(conn.execute(_FINISH, values).scalar_one())
+
+
+def _outcome(
+    run_id: str, call_id: str, status: CallStatus, result: Any, error: str | None
+) -> dict[str, Any]:
+    return {
         "b_run_id": run_id,
         "b_call_id": call_id,
         "b_status": status,
@@ -106,7 +135,6 @@ def set_outcome(
         "b_error": error,
         "b_now": utcnow(),
     }
-    conn.execute(_OUTCOME, values)
 
 
 _OUTCOME = (
@@ -121,6 +149,21 @@ _OUTCOME = (
         error=bindparam("b_error"),
         updated_at=bindparam("b_now"),
     )
+)
+_FINISH = text(
+    f"""
+    WITH outcome AS (
+        UPDATE tool_calls SET status = :b_status, result = CAST(:b_result AS jsonb),
+            error = :b_error, updated_at = :b_now
+        WHERE run_id = :b_run_id AND call_id = :b_call_id
+    )
+    INSERT INTO messages ({threads.MESSAGE_COLUMNS})
+    VALUES (:{threads.MESSAGE_COLUMNS.replace(", ", ", :")})
+    RETURNING id
+    """
+).bindparams(
+    bindparam("b_result", type_=tool_calls.c.result.type),
+    bindparam("tool_calls", type_=messages.c.tool_calls.type),
 )
 
 

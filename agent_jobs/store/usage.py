@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, bindparam, select, text
 
 from ..messages import Usage
 from .db import DIALECTS, dialect_insert, utcnow
@@ -23,7 +23,20 @@ def record_usage(
     model: str | None,
     spent: Usage,
 ) -> None:
-    row = {
+    conn.execute(_RECORD, _ledger_row(run_id, thread_id, actor, day, step, kind, model, spent))
+
+
+def _ledger_row(
+    run_id: str,
+    thread_id: str,
+    actor: str,
+    day: str,
+    step: str,
+    kind: str,
+    model: str | None,
+    spent: Usage,
+) -> dict[str, Any]:
+    return {
         "run_id": run_id,
         "thread_id": thread_id,
         "actor": actor,
@@ -37,7 +50,6 @@ def record_usage(
         "cost_source": spent.cost_source,
         "created_at": utcnow(),
     }
-    conn.execute(_RECORD, row)
 
 
 _RECORD = usage.insert()
@@ -55,18 +67,13 @@ def charge(
     model: str | None,
     spent: Usage,
 ) -> None:
-    """A model call's tokens on the ledger and on the actor's quota for `day`."""
-    record_usage(
-        conn,
-        run_id=run_id,
-        thread_id=thread_id,
-        actor=actor,
-        day=day,
-        step=step,
-        kind=kind,
-        model=model,
-        spent=spent,
-    )
+    """A model call's tokens on the ledger and on the actor's quota for `day` (one
+    statement on Postgres)."""
+    row = _ledger_row(run_id, thread_id, actor, day, step, kind, model, spent)
+    if conn.dialect.name == "postgresql":
+        conn.execute(_CHARGE_PG, row | {"tokens": spent.total_tokens})
+        return
+    conn.execute(_RECORD, row)
     bump_quota(conn, actor=actor, day=day, tokens=spent.total_tokens)
 
 
@@ -84,6 +91,19 @@ def _bump(dialect: str) -> Any:
 
 
 _BUMP = {dialect: _bump(dialect) for dialect in DIALECTS}
+_LEDGER = (
+    "run_id, thread_id, actor, day, step, kind, model, input_tokens, output_tokens, cost, "
+    "cost_source, created_at"
+)
+_CHARGE_PG = text(
+    f"""
+    WITH ledger AS (
+        INSERT INTO usage ({_LEDGER}) VALUES (:{_LEDGER.replace(", ", ", :")})
+    )
+    INSERT INTO quota_usage (actor, day, tokens) VALUES (:actor, :day, :tokens)
+    ON CONFLICT (actor, day) DO UPDATE SET tokens = quota_usage.tokens + excluded.tokens
+    """
+)
 
 
 _USED = select(quota_usage.c.tokens).where(
