@@ -78,6 +78,10 @@ class Settings(SettingsBase):
     eager_steps: bool = True
     eager_budget: float = 30.0
     eager_max_steps: int = 100
+    # Database connections a worker process keeps: by default, as many as a threads or
+    # gevent pool runs tasks at once (each holds one while its pass commits), and 5 in a
+    # prefork pool process, which runs one task at a time.
+    db_pool_size: int | None = Field(default=None, ge=1)
     sweep_interval: float = 30.0  # how often beat runs the sweep
     sweep_stale_after: float = 60.0  # a run with no progress for this long is re-driven
     # Patches this deployment must not take yet (comma-separated ids): an operator can

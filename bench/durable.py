@@ -1,6 +1,6 @@
 """Benchmark of the durable runner: W1, W2, W3 and the floor, measured in one go.
 
-    .venv/bin/python -m bench.durable [--runs 200] [--no-eager] [--w3 POOL:CONCURRENCY]
+    .venv/bin/python -m bench.durable [--runs 200] [--no-eager] [--w3 POOL:CONCURRENCY] [--peers]
 
 W1: `--runs` runs of an agent whose first two model turns each ask for two reads and
 whose third answers, on one worker with 2 processes: runs/s, p50/p95 per run, journal
@@ -8,7 +8,9 @@ rows, commits, WAL bytes and broker messages per run. W2: one run with eight 0.5
 reads on 8 processes: wall time. The floor, measured in the same run: a Celery no-op
 round trip and a Postgres single-row commit. W3: 200 runs of W1's shape whose model
 calls take 1.0 s and reads 0.2 s (a run alone: 3.4 s), enqueued at once on one worker
-with the given pool: makespan against that ideal, and the worker's peak RSS.
+with the given pool: makespan against that ideal, and the worker's peak RSS. With
+`--peers` (the `bench` extra), the same W1 and W2 on LangGraph + PostgresSaver and on
+DBOS right after (`bench.peers`), and our figures as ratios to theirs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import atexit
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -258,6 +261,12 @@ def main() -> None:
         "with this pool, e.g. threads:50 or prefork:8; repeatable (default: threads:50)",
     )
     parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also W1 and W2 on LangGraph + PostgresSaver and on DBOS (bench.peers; needs the "
+        "`bench` extra), and our figures as ratios to theirs",
+    )
+    parser.add_argument(
         "--eager",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -374,6 +383,8 @@ def main() -> None:
     celery.close()
     store.engine.dispose()
     del tmp
+    if args.peers:
+        figures["peers"] = {name: peer(name, args.pg, args.runs) for name in PEERS}
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -427,6 +438,24 @@ def w3(client: Client, env: dict[str, str], pool: str, concurrency: int) -> dict
     return {"makespan_s": makespan, "vs_ideal": makespan / 3.4, "rss_mib": peak / 2**20}
 
 
+PEERS = ("langgraph", "dbos")
+
+
+def peer(name: str, pg: str, runs: int) -> dict[str, float]:
+    """A peer's figures (`bench.peers`), measured in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.peers", name, "--pg", pg, "--runs", str(runs)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the {name} peer failed:\n{done.stderr[-3000:]}")
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
 def _redis_floor(client: redis.Redis, n: int = 1000) -> float:
     samples = []
     for _ in range(n):
@@ -470,6 +499,22 @@ def report(f: dict[str, Any]) -> None:
         f"the Celery no-op round trip per broker hop ({f['w1_broker_messages_per_run']:.0f} a run)"
     )
     print(f"W2 (eight 0.5 s reads, 8 processes): {f['w2_wall_s']:.2f} s wall")
+    for name, p in f.get("peers", {}).items():
+        print(
+            f"{name}: W1 {p['w1_seq_runs_per_s']:.1f} runs/s one after another "
+            f"({p['w1_conc4_runs_per_s']:.1f} on 4 threads), p50 {p['w1_seq_p50_ms']:.1f} ms "
+            f"a run, CPU {p['w1_cpu_ms_per_run']:.0f} ms a run (its process and Postgres), "
+            f"{p['w1_commits_per_run']:.1f} write transactions and "
+            f"{p['w1_wal_bytes_per_run'] / 1024:.1f} kB WAL a run; W2 {p['w2_wall_s']:.2f} s"
+        )
+        print(
+            f"   agent-jobs / {name}: W1 runs/s {f['w1_runs_per_s'] / p['w1_seq_runs_per_s']:.2f}"
+            f" (vs its 4 threads {f['w1_runs_per_s'] / p['w1_conc4_runs_per_s']:.2f}), "
+            f"a run alone {f['w1_alone_p50_ms'] / p['w1_seq_p50_ms']:.2f}, "
+            f"CPU a run {f['w1_cpu_ms_per_run'] / p['w1_cpu_ms_per_run']:.2f}, "
+            f"WAL a run {f['w1_wal_bytes_per_run'] / p['w1_wal_bytes_per_run']:.2f}, "
+            f"W2 {f['w2_wall_s'] / p['w2_wall_s']:.2f}"
+        )
     for key, w3 in f.items():
         if key.startswith("w3_"):
             print(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
 
 import redis
 from celery import Celery, current_app
-from celery.signals import task_postrun, worker_process_init
+from celery.signals import task_postrun, worker_init, worker_process_init
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -22,6 +23,8 @@ from agent_jobs.streams.redis_streams import RedisStreams
 
 from .app import DEFAULT_BROKER
 from .events import ChainEvents
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,15 +56,45 @@ def runtime(celery: Celery) -> Runtime:
             )
             runner = DurableRunner(
                 load_app(settings.app),
-                Store.from_url(settings.database_url, auto_upgrade=False),
+                Store.from_url(
+                    settings.database_url, auto_upgrade=False, pool_size=db_pool_size(settings)
+                ),
                 CeleryDispatcher(celery),
                 RedisStreams(redis_client, maxlen=settings.stream_maxlen, ttl=settings.stream_ttl),
                 settings,
                 Leases(redis_client),
             )
             runner.eager_events = ChainEvents(celery)
+            log.info(
+                "agent-jobs runner ready in process %d: up to %d database connections",
+                os.getpid(),
+                runner.store.engine.pool.size(),  # type: ignore[attr-defined]
+            )
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime
+
+
+# The worker's pool and concurrency, as its main process started them (`worker_init`).
+_pool: tuple[str, int] | None = None
+_IN_PROCESS_POOLS = ("thread", "gevent", "eventlet")  # the modules of the pools
+
+
+@worker_init.connect
+def _note_pool(sender: object = None, **_: object) -> None:
+    global _pool
+    pool_cls = getattr(sender, "pool_cls", None)
+    name = getattr(pool_cls, "__module__", "").rsplit(".", 1)[-1]
+    _pool = (name, int(getattr(sender, "concurrency", 0) or 0))
+
+
+def db_pool_size(settings: Settings) -> int:
+    """Connections to keep: the setting; else one per task a threads or gevent pool runs
+    at once (a few more for the heartbeat and the sends); else 5."""
+    if settings.db_pool_size is not None:
+        return settings.db_pool_size
+    if _pool is not None and _pool[0] in _IN_PROCESS_POOLS and _pool[1] > 0:
+        return _pool[1] + 2
+    return 5
 
 
 @task_postrun.connect

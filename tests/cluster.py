@@ -43,9 +43,13 @@ class Cluster:
         return service_env(self.broker, self.pg_url, **env)
 
     def worker(
-        self, concurrency: int = 2, queues: str | None = DEFAULT_QUEUES, **extra: str
+        self,
+        concurrency: int = 2,
+        queues: str | None = DEFAULT_QUEUES,
+        pool: str = "prefork",
+        **extra: str,
     ) -> Process:
-        proc = start_worker(self.env(**extra), concurrency=concurrency, queues=queues)
+        proc = start_worker(self.env(**extra), concurrency=concurrency, queues=queues, pool=pool)
         self.procs.append(proc)
         return proc
 

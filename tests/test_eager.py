@@ -270,3 +270,19 @@ def test_a_redelivered_task_sends_the_steps_a_dead_process_held(local: Any) -> N
     recorder.sent.clear()
     runner.continue_run("eager-orphan")
     assert recorder.sent == []
+
+
+def test_a_threads_worker_keeps_a_database_connection_for_each_task_it_runs_at_once(
+    cluster: Cluster,
+) -> None:
+    threads = cluster.worker(concurrency=12, pool="threads")
+    ids = [cluster.client.enqueue_run("w1", "go", actor="user-7") for _ in range(12)]
+    for run_id in ids:
+        run = cluster.wait(run_id)
+        assert run.status == "completed" and run.output == "w1 answer"
+    assert "up to 14 database connections" in threads.log(), threads.log()
+    prefork = cluster.worker(concurrency=1)
+    assert cluster.wait(cluster.client.enqueue_run("w1", "go", actor="user-7")).status == (
+        "completed"
+    )
+    assert "up to 5 database connections" in prefork.log(), prefork.log()

@@ -64,9 +64,9 @@ class Store:
         self.engine = engine
 
     @classmethod
-    def from_url(cls, url: str, *, auto_upgrade: bool | None = None) -> Store:
+    def from_url(cls, url: str, *, auto_upgrade: bool | None = None, pool_size: int = 5) -> Store:
         """Open the database at `url`. The embedded SQLite default migrates itself."""
-        engine = make_engine(url)
+        engine = make_engine(url, pool_size=pool_size)
         ensure_schema(
             engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade
         )
