@@ -78,8 +78,8 @@ class Settings(SettingsBase):
     eager_steps: bool = True
     eager_budget: float = 30.0
     eager_max_steps: int = 100
-    # Database connections a worker process keeps: by default, as many as a threads or
-    # gevent pool runs tasks at once (each holds one while its pass commits), and 5 in a
+    # Database connections a worker process keeps (10 more on a burst): by default, as
+    # many as a threads or gevent pool runs tasks at once, up to 20, plus two; 5 in a
     # prefork pool process, which runs one task at a time.
     db_pool_size: int | None = Field(default=None, ge=1)
     sweep_interval: float = 30.0  # how often beat runs the sweep

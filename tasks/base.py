@@ -7,6 +7,7 @@ import threading
 import redis
 from celery import Task
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent_jobs.settings import get_settings
 
@@ -31,8 +32,9 @@ class AgentJobsTask(Task):  # type: ignore[type-arg]
 
     Strategy = "tasks.strategy:guarded"
     Request = "tasks.requests:StepRequest"
-    # A database connection that died is dropped from the pool when it fails; the task
-    # is tried again shortly on a fresh one (every task here is safe to repeat).
-    autoretry_for = (OperationalError, InterfaceError)
+    # A database connection that died is dropped from the pool when it fails, and a
+    # pool with no free connection for a while is busy: the task is tried again shortly
+    # (every task here is safe to repeat).
+    autoretry_for = (OperationalError, InterfaceError, PoolTimeout)
     retry_backoff = 1
     max_retries = 8

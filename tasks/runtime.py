@@ -87,13 +87,19 @@ def _note_pool(sender: object = None, **_: object) -> None:
     _pool = (name, int(getattr(sender, "concurrency", 0) or 0))
 
 
+# A task holds a connection only while a pass commits (milliseconds) and waits on the
+# model or the tool without one, so a large threads or gevent pool shares a bounded set:
+# Postgres allows 100 connections by default.
+MAX_DB_POOL = 20
+
+
 def db_pool_size(settings: Settings) -> int:
     """Connections to keep: the setting; else one per task a threads or gevent pool runs
-    at once (a few more for the heartbeat and the sends); else 5."""
+    at once, up to `MAX_DB_POOL`, and two for the heartbeat; else 5."""
     if settings.db_pool_size is not None:
         return settings.db_pool_size
     if _pool is not None and _pool[0] in _IN_PROCESS_POOLS and _pool[1] > 0:
-        return _pool[1] + 2
+        return min(_pool[1], MAX_DB_POOL) + 2
     return 5
 
 

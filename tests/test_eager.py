@@ -286,3 +286,25 @@ def test_a_threads_worker_keeps_a_database_connection_for_each_task_it_runs_at_o
         "completed"
     )
     assert "up to 5 database connections" in prefork.log(), prefork.log()
+
+
+def test_no_free_database_connection_delays_a_pass_and_fails_no_run(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose every connection is busy for longer than the pool waits is a
+    transient condition, like a dropped connection: the pass is retried, the run goes on."""
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    runner, _ = local()
+    runner.create(RunRequest(agent="w1", input="go", actor="user-7"), "starved")
+    coordinate = runner._coordinate
+
+    def starved(*args: Any) -> Any:
+        monkeypatch.setattr(runner, "_coordinate", coordinate)  # the next pass finds one
+        raise PoolTimeout("QueuePool limit of size 1 overflow 0 reached")
+
+    monkeypatch.setattr(runner, "_coordinate", starved)
+    with pytest.raises(PoolTimeout):
+        runner.continue_run("starved")
+    assert runner.store.get_run("starved").status == "queued"
+    assert runner.continue_run("starved") == "waiting model:1"

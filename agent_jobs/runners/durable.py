@@ -24,6 +24,7 @@ from typing import Any
 import redis
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .. import diagnostics
 from ..app import AgentApp
@@ -144,7 +145,7 @@ class DurableRunner:
         """A pass, and the remote step it kept back from the broker (with `keep`)."""
         try:
             return self._coordinate(run_id, completion, keep)
-        except DBAPIError:
+        except (DBAPIError, PoolTimeout):
             raise  # transient: the task is retried, or the sweep re-drives the run
         except Exception as exc:  # a bug must end the run visibly, not loop in the sweep
             log.exception("coordinating run %s failed", run_id)
