@@ -308,3 +308,48 @@ def test_no_free_database_connection_delays_a_pass_and_fails_no_run(
         runner.continue_run("starved")
     assert runner.store.get_run("starved").status == "queued"
     assert runner.continue_run("starved") == "waiting model:1"
+
+
+def _drive_by_hand(runners: list[DurableRunner], recorder: Any, run_id: str) -> None:
+    """Deliver every sent step, each to the next runner in turn (as to another process)."""
+    turn = 0
+    while recorder.sent:
+        task, step = recorder.sent.pop(0)
+        runners[turn % len(runners)].execute_step(run_id, step, task=task)
+        turn += 1
+
+
+def test_a_pass_reads_only_the_rows_after_those_it_knows_and_sees_other_processes_rows(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_jobs.store import journal as journal_rows
+
+    first, recorder = local(eager_steps=False)
+    second, _ = local(eager_steps=False)
+    second.dispatcher = first.dispatcher  # one broker: the recorder
+    read: list[int] = []
+    load, complete_and_load = journal_rows.load_for_replay, journal_rows.complete_and_load
+
+    def counted(function: Any) -> Any:
+        def reading(*args: Any, **kwargs: Any) -> Any:
+            rows = function(*args, **kwargs)
+            read.append(len(rows))
+            return rows
+
+        return reading
+
+    monkeypatch.setattr(journal_rows, "load_for_replay", counted(load))
+    monkeypatch.setattr(journal_rows, "complete_and_load", counted(complete_and_load))
+    first.create(RunRequest(agent="w1", input="go", actor="user-7"), "two-readers")
+    first.continue_run("two-readers")
+    _drive_by_hand([second, first], recorder, "two-readers")
+    run = first.store.get_run("two-readers")
+    assert run.status == "completed" and run.output == "w1 answer"
+    # Each process knows the final rows it has seen; what the other wrote it reads once.
+    assert read[0] == 0 and max(read[1:]) <= 9, read
+    assert sum(read) < len(first.store.journal("two-readers")) * 2, read
+    # And the replay each one made from what it knew and what it read was the same run:
+    # a process that missed a row would have failed it (non-determinism) or re-run it.
+    assert [j["attempts"] for j in first.store.journal("two-readers")] == [1] * len(
+        first.store.journal("two-readers")
+    )

@@ -43,7 +43,7 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
-from . import recovery, waits
+from . import journal_cache, recovery, waits
 from .replay import DurableHooks
 from .step_tasks import (
     IN_FLIGHT,
@@ -101,6 +101,7 @@ class DurableRunner:
         # How a step run in a chain is reported (the worker sends it to Flower as the
         # task it is); by default, not at all.
         self.eager_events: EagerEvents = quiet_events
+        self.journal_cache = journal_cache.JournalCache()
         diagnostics.set_enabled(settings.diagnostics)
 
     # --- starting ----------------------------------------------------------------------
@@ -169,27 +170,19 @@ class DurableRunner:
             if completion is not None:
                 env.events.extend(completion.events)
             if run.finished:
+                self.journal_cache.drop(run_id, run.created_at)
                 if completion is not None:
                     journal_rows.complete(conn, run_id, completion.step, **completion.outcome)
                     if run.status == "cancelled":
                         account_discarded_usage(conn, run)  # its tokens were still spent
                 env.flush_events(conn)
                 return run.status, None  # a late result of a finished run changes nothing
-            if completion is not None:
-                rows = list(
-                    journal_rows.complete_and_load(
-                        conn, run_id, completion.step, **completion.outcome
-                    )
-                )
-            else:
-                rows = list(journal_rows.load_for_replay(conn, run_id))
+            rows = self._read_journal(conn, run, completion)
             if completion is not None and any(r.state in IN_FLIGHT for r in rows):
                 # A sibling of a fan-out is still out: a replay would stop at it, and its
                 # own result re-drives the run. Record this one and spare the replay.
-                env.flush_events(conn)
-                return f"{completion.step} recorded; waiting for its siblings", None
-            cause = stop_cause(conn, run)
-            if cause is not None:
+                outcome = f"{completion.step} recorded; waiting for its siblings"
+            elif (cause := stop_cause(conn, run)) is not None:
                 ending = Ending.cancelled(cause, run.cancel_keep_inbox)
                 outcome = f"cancelled: {cause}"
                 finished = finish_turn(conn, env, self.app, run, ending)
@@ -219,7 +212,8 @@ class DurableRunner:
                     journal_rows.insert_many(conn, hooks.new_rows)
                     finished = finish_turn(conn, env, self.app, run, ending)
             env.flush_events(conn)
-        # Committed: now the world may hear of it.
+        # Committed: now the world may hear of it, and the journal as read stays known.
+        self._remember(run, rows, hooks, ending)
         env.flush()
         if hooks is not None:
             self.dispatcher.steps(run_id, hooks.to_dispatch)
@@ -235,6 +229,29 @@ class DurableRunner:
             left = (wake_at_deadline - utcnow()).total_seconds()
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
         return outcome, kept
+
+    def _read_journal(
+        self, conn: Connection, run: RunView, completion: Completion | None
+    ) -> list[Any]:
+        """The run's journal (the completion written): the final rows this process knows,
+        and from the database only the rows after them."""
+        known = self.journal_cache.prefix(run.run_id, run.created_at)
+        start = journal_cache.after(known)
+        if completion is None:
+            return known + list(journal_rows.load_for_replay(conn, run.run_id, after=start))
+        written = journal_rows.complete_and_load(
+            conn, run.run_id, completion.step, after=start, **completion.outcome
+        )
+        return known + list(written)
+
+    def _remember(
+        self, run: RunView, rows: list[Any], hooks: DurableHooks | None, ending: Ending | None
+    ) -> None:
+        if ending is not None:
+            self.journal_cache.drop(run.run_id, run.created_at)
+            return
+        new = [SimpleNamespace(**row) for row in hooks.new_rows] if hooks is not None else []
+        self.journal_cache.keep(run.run_id, run.created_at, [*rows, *new])
 
     def _claim(self, run: RunView, hooks: DurableHooks) -> Kept | None:
         """Keep the first remote step the pass schedules for this process to run at once:

@@ -39,14 +39,15 @@ def load(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
 # than running it. The intents stay behind: a replay needs only names and results.
 _REPLAY = (
     select(journal.c.step, journal.c.seq, journal.c.state, journal.c.result, journal.c.error)
-    .where(journal.c.run_id == bindparam("run_id"))
+    .where(journal.c.run_id == bindparam("run_id"), journal.c.seq > bindparam("after"))
     .order_by(journal.c.seq)
 )
 
 
-def load_for_replay(conn: Connection, run_id: str) -> Sequence[Any]:
-    """What a replay needs of the run's journal, in one query."""
-    return conn.execute(_REPLAY, {"run_id": run_id}).all()
+def load_for_replay(conn: Connection, run_id: str, *, after: int = 0) -> Sequence[Any]:
+    """What a replay needs of the run's journal, in one query: the rows after position
+    `after` (a replay that knows the rows up to there)."""
+    return conn.execute(_REPLAY, {"run_id": run_id, "after": after}).all()
 
 
 def get(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
@@ -224,14 +225,17 @@ def complete_and_load(
     error: str | None = None,
     attempts: int | None = None,
     started_at: datetime | None = None,
+    after: int = 0,
 ) -> Sequence[Any]:
-    """`complete`, then `load_for_replay`: on Postgres in one statement (the outcome's
-    row as written, the others as they were), the two in a row on SQLite."""
+    """`complete`, then `load_for_replay` (from `after`): on Postgres in one statement
+    (the outcome's row as written, the others as they were), the two in a row on SQLite.
+    A completed step is in flight until now, so it is after any position whose rows
+    (and those before it) the replay knows to be final."""
     values = _outcome(run_id, step, state, result, error, attempts, started_at)
     if conn.dialect.name != "postgresql":
         conn.execute(_COMPLETE, values)
-        return load_for_replay(conn, run_id)
-    return conn.execute(_COMPLETE_AND_REPLAY, values).all()
+        return load_for_replay(conn, run_id, after=after)
+    return conn.execute(_COMPLETE_AND_REPLAY, values | {"after": after}).all()
 
 
 def _outcome(
@@ -279,7 +283,11 @@ _REPLAYED = (journal.c.step, journal.c.seq, journal.c.state, journal.c.result, j
 _DONE = _COMPLETE.returning(*_REPLAYED).cte("done")
 _COMPLETE_AND_REPLAY = (
     select(*_REPLAYED)
-    .where(journal.c.run_id == bindparam("b_run_id"), journal.c.step.not_in(select(_DONE.c.step)))
+    .where(
+        journal.c.run_id == bindparam("b_run_id"),
+        journal.c.seq > bindparam("after"),
+        journal.c.step.not_in(select(_DONE.c.step)),
+    )
     .union_all(select(_DONE.c.step, _DONE.c.seq, _DONE.c.state, _DONE.c.result, _DONE.c.error))
     .order_by("seq")
 )

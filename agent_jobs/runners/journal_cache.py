@@ -1,0 +1,68 @@
+"""What a process already read of its runs' journals, so a pass reads only what is new.
+
+A row that is `done` or `failed` never changes again: its result was written once (the
+first writer wins) and nothing rewrites it. So a process may keep, for each run it
+drives, the longest prefix of its journal (positions 1…n, none missing) whose rows are
+all final, and a pass reads from the database only the rows after that prefix: the
+steps in flight, the ones another process added, the one this pass completes. A run
+that moved on in another process is read as far as it got; no version or validation is
+needed, since nothing the cache holds can have changed.
+
+Entries are keyed by the run and its creation time (a run id written again, after a
+database was emptied, is another run), dropped when the run ends, and the oldest is
+evicted beyond `capacity` runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+FINAL = frozenset({"done", "failed"})
+
+
+class JournalCache:
+    def __init__(self, capacity: int = 1000) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[tuple[str, datetime], list[Any]] = OrderedDict()
+
+    def prefix(self, run_id: str, created_at: datetime) -> list[Any]:
+        """The run's final rows at positions 1…n as known here ([] when none)."""
+        with self._lock:
+            rows = self._runs.get((run_id, created_at))
+            if rows is None:
+                return []
+            self._runs.move_to_end((run_id, created_at))
+            return list(rows)
+
+    def keep(self, run_id: str, created_at: datetime, rows: Iterable[Any]) -> None:
+        """Remember the longest final prefix of `rows` (any order; each with `seq` and
+        `state`)."""
+        by_seq = {row.seq: row for row in rows}
+        final: list[Any] = []
+        seq = 1
+        while (row := by_seq.get(seq)) is not None and row.state in FINAL:
+            final.append(row)
+            seq += 1
+        key = (run_id, created_at)
+        with self._lock:
+            if not final:
+                self._runs.pop(key, None)
+                return
+            self._runs[key] = final
+            self._runs.move_to_end(key)
+            while len(self._runs) > self.capacity:
+                self._runs.popitem(last=False)
+
+    def drop(self, run_id: str, created_at: datetime) -> None:
+        with self._lock:
+            self._runs.pop((run_id, created_at), None)
+
+
+def after(prefix: Sequence[Any]) -> int:
+    """The last position the prefix covers: a pass reads the rows after it."""
+    return prefix[-1].seq if prefix else 0
