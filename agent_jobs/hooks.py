@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from .checkpoints import Decision, DelegationOutcome
@@ -21,10 +22,18 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StepCall:
-    """Run `intent` as the checkpoint named `name`; returns its JSON result."""
+    """Run the intent as the checkpoint named `name`; returns its JSON result.
+
+    `given` is the intent, or a function that builds it: a replay that finds the step
+    recorded never needs it, and a model turn's carries the whole history so far.
+    """
 
     name: str
-    intent: Intent
+    given: Intent | Callable[[], Intent]
+
+    @cached_property
+    def intent(self) -> Intent:
+        return self.given() if callable(self.given) else self.given
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class TurnResult:
     model_calls: int
 
 
-def _step(hooks: LoopHooks, name: str, intent: Intent, result: type[R]) -> R:
+def _step(hooks: LoopHooks, name: str, intent: Intent | Callable[[], Intent], result: type[R]) -> R:
     return result.model_validate(hooks.step(StepCall(name, intent)))
 
 
@@ -132,7 +132,8 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
     defaults = deps.agent.model_settings()
     for n in range(1, deps.agent.max_steps + 1):
         # The step boundary: steering from the inbox, the model selection, the gates.
-        boundary = PrepareStep(
+        boundary = partial(
+            PrepareStep,
             run_id=turn.run_id,
             thread_id=turn.thread_id,
             agent=deps.agent.name,
@@ -147,17 +148,21 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
             Message(role="user", content=text) for text in [*prepared.claimed, *prepared.messages]
         ]
         history = carried if prepared.new_series else [*history, *carried]
-        request = ModelRequest(
+        # Built only if the step is new (a replay that finds it recorded does not pay for
+        # the whole history again), from the history as it is now.
+        request = partial(
+            ModelRequest,
             run_id=turn.run_id,
             agent=deps.agent.name,
             step=n - 1,
             system=deps.system_prompt,
-            messages=history,
+            messages=list(history),
             tools=specs,
             settings=prepared.settings,
         )
-        reply = _step(hooks, names.model(n), ModelTurn(request=request), ModelResponse)
-        usage = RecordUsage(
+        reply = _step(hooks, names.model(n), partial(_model_turn, request), ModelResponse)
+        usage = partial(
+            RecordUsage,
             run_id=turn.run_id,
             thread_id=turn.thread_id,
             actor=turn.actor,
@@ -168,8 +173,12 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
         )
         _step(hooks, names.usage(n), usage, Done)
         calls = _unique_calls(reply.tool_calls, seen, n)
-        assistant = PersistAssistant(
-            run_id=turn.run_id, thread_id=turn.thread_id, text=reply.text, tool_calls=calls
+        assistant = partial(
+            PersistAssistant,
+            run_id=turn.run_id,
+            thread_id=turn.thread_id,
+            text=reply.text,
+            tool_calls=calls,
         )
         _step(hooks, names.assistant(n), assistant, Persisted)
         history.append(Message(role="assistant", content=reply.text, tool_calls=calls))
@@ -185,6 +194,10 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
     raise MaxStepsExceededError(deps.agent.max_steps)
 
 
+def _model_turn(request: Callable[[], ModelRequest]) -> ModelTurn:
+    return ModelTurn(request=request())
+
+
 def _bounded(
     window: SlidingWindowHistory,
     history: list[Message],
@@ -198,7 +211,8 @@ def _bounded(
         return split.kept
     ask = Summarize(run_id=turn.run_id, agent=deps.agent.name, messages=split.dropped)
     summary = _step(hooks, names.SUMMARIZE, ask, ModelResponse)
-    usage = RecordUsage(
+    usage = partial(
+        RecordUsage,
         run_id=turn.run_id,
         thread_id=turn.thread_id,
         actor=turn.actor,
@@ -238,7 +252,8 @@ class _Tools:
 
     def record(self, call: ToolCall) -> CallVerdict:
         """`persist:toolcall:<id>`: kind, authorization and validation, decided once."""
-        intent = PersistToolCall(
+        intent = partial(
+            PersistToolCall,
             run_id=self.turn.run_id,
             thread_id=self.turn.thread_id,
             agent=self.deps.agent.name,
@@ -266,7 +281,8 @@ class _Tools:
         return outcome
 
     def _invoke(self, call: ToolCall, name: str, answers: dict[str, Any] | None) -> ToolOutcome:
-        intent = InvokeTool(
+        intent = partial(
+            InvokeTool,
             run_id=self.turn.run_id,
             agent=self.deps.agent.name,
             actor=self.turn.actor,
@@ -345,7 +361,8 @@ class _Tools:
         error: str | None = None,
     ) -> Message:
         """`persist:toolexec:<id>`: the outcome on the record and as a tool message."""
-        intent = PersistToolExec(
+        intent = partial(
+            PersistToolExec,
             run_id=self.turn.run_id,
             thread_id=self.turn.thread_id,
             call=call,

@@ -1,0 +1,144 @@
+"""What a coordinator pass costs as a run grows: its first steps against its last ones.
+
+    .venv/bin/python -m bench.replay [--pg URL] [--steps 100]
+
+A run of `--steps` model turns, each asking for one read, driven in this process by a
+durable runner against Postgres, one step at a time (no broker, no worker: what is
+measured is the pass). For each pass: the wall and CPU time of the step's completion
+and its pass, and the journal rows the pass read from the database. Printed: the
+median over steps 2 to 6 against the median over the last five, with the journal cache
+on (a pass reads only the rows after the final ones it knows) and off (every pass
+reads the whole journal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent_jobs import AgentApp, ScriptedModel  # noqa: E402
+from agent_jobs.leases import Leases  # noqa: E402
+from agent_jobs.runners.durable import DurableRunner  # noqa: E402
+from agent_jobs.runs import RunRequest  # noqa: E402
+from agent_jobs.settings import Settings  # noqa: E402
+from agent_jobs.store import Store  # noqa: E402
+from agent_jobs.store import journal as journal_rows  # noqa: E402
+from agent_jobs.streams.base import MemoryStreams  # noqa: E402
+from bench.durable import fresh_database  # noqa: E402
+from tests.redis_server import RedisServer  # noqa: E402
+
+
+def agent_app(steps: int) -> AgentApp:
+    app = AgentApp(name="replay-bench")
+
+    @app.tool(kind="read")
+    def lookup(order_id: str) -> dict[str, str]:
+        """Look up an order."""
+        return {"order_id": order_id, "status": "shipped"}
+
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "lookup", "args": {"order_id": str(n)}}]} for n in range(steps)
+    ]
+    model = ScriptedModel([*script, {"text": "done"}])
+    app.agent("long", model=model, tools=["lookup"], max_steps=steps + 1)
+    return app
+
+
+def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, float]:
+    store = Store.from_url(url)
+    app = agent_app(steps)
+    sent: list[tuple[str, str]] = []
+
+    class Recorder:
+        def steps(self, run_id: str, batch: Any, countdown: float | None = None) -> None:
+            sent.extend(batch)
+
+        def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
+            pass
+
+    settings = Settings(database_url=url, eager_steps=False)
+    runner = DurableRunner(
+        app, store, Recorder(), MemoryStreams(), settings, Leases.from_url(redis_url)
+    )
+    if not cached:
+        runner.journal_cache.capacity = 0
+    read: list[int] = []
+    load, complete_and_load = journal_rows.load_for_replay, journal_rows.complete_and_load
+
+    def counting(function: Any) -> Any:
+        def reading(*args: Any, **kwargs: Any) -> Any:
+            rows = function(*args, **kwargs)
+            read.append(len(rows))
+            return rows
+
+        return reading
+
+    journal_rows.load_for_replay = counting(load)  # type: ignore[assignment]
+    journal_rows.complete_and_load = counting(complete_and_load)  # type: ignore[assignment]
+    run_id = f"replay-{steps}-{'cached' if cached else 'uncached'}"
+    runner.create(RunRequest(agent="long", input="go", actor="bench"), run_id)
+    runner.coordinate(run_id)
+    walls: list[float] = []
+    cpus: list[float] = []
+    reads: list[int] = []
+    try:
+        while sent:
+            task, step = sent.pop(0)
+            read.clear()
+            wall, cpu = time.perf_counter(), time.process_time()
+            runner.execute_step(run_id, step, task=task)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            reads.append(sum(read))
+    finally:
+        journal_rows.load_for_replay, journal_rows.complete_and_load = load, complete_and_load
+        store.engine.dispose()
+    assert store.get_run(run_id).status == "completed"
+    # Steps alternate model and tool: every pass is one of the two kinds, so medians
+    # over five consecutive passes compare like with like.
+    early, late = slice(2, 7), slice(-5, None)
+    return {
+        "passes": len(walls),
+        "early_ms": statistics.median(walls[early]) * 1000,
+        "late_ms": statistics.median(walls[late]) * 1000,
+        "early_cpu_ms": statistics.median(cpus[early]) * 1000,
+        "late_cpu_ms": statistics.median(cpus[late]) * 1000,
+        "early_rows": statistics.median(reads[early]),
+        "late_rows": statistics.median(reads[late]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+    url = fresh_database(args.pg, "agent_jobs_replay_bench")
+    os.environ["AGENT_JOBS_DATABASE_URL"] = url
+    server = RedisServer().start()
+    try:
+        for cached in (True, False):
+            f = measure(url, server.url(0), args.steps, cached)
+            print(
+                f"journal cache {'on ' if cached else 'off'}: {args.steps} model turns "
+                f"({f['passes']} passes); a pass early in the run "
+                f"{f['early_ms']:.1f} ms ({f['early_cpu_ms']:.1f} ms CPU, "
+                f"{f['early_rows']:.0f} rows read), late {f['late_ms']:.1f} ms "
+                f"({f['late_cpu_ms']:.1f} ms CPU, {f['late_rows']:.0f} rows read)"
+            )
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
