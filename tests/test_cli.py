@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,23 +117,28 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
     )
     env = {"AGENT_JOBS_APP": "slowapp:app", "PYTHONPATH": str(tmp_path)}
     environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
-    # A run whose terminal never answers: stdin stays open and silent.
+    # A run whose terminal never answers: stdin stays open and silent. Its output goes to
+    # a file: a pipe nobody reads fills up and blocks the run while it waits.
+    output = (tmp_path / "run.out").open("w")
     proc = subprocess.Popen(
         [*CLI, "run", "go", "--agent", "a", "--run-id", "r1"],
         cwd=tmp_path,
         env=environment,
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=output,
+        stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        for _ in range(200):
+        deadline = time.monotonic() + 60
+        while True:
             pending = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
             if json.loads(pending.stdout or "[]"):
                 break
-        else:
-            pytest.fail("the run never asked for approval")
+            if time.monotonic() > deadline or proc.poll() is not None:
+                ran = (tmp_path / "run.out").read_text()[-3000:]
+                pytest.fail(f"the run never asked for approval: {pending.stderr}\n{ran}")
+            time.sleep(0.05)
         approved = agent_jobs("approve", "r1", "call_1", cwd=tmp_path, env=env)
         assert approved.returncode == 0 and "approved call_1" in approved.stdout
         again = agent_jobs("reject", "r1", "call_1", cwd=tmp_path, env=env)
@@ -146,6 +152,7 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.communicate()
+        output.close()
 
 
 APP_MODULE = """

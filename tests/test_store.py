@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from agent_jobs.messages import Message, ToolCall
 from agent_jobs.store import Store, journal, runs, threads, toolcalls
 from agent_jobs.store import usage as usage_rows
+from agent_jobs.store.schema import runs as runs_table
 
 
 def _run(store: Store, run_id: str = "r1") -> None:
@@ -522,3 +524,24 @@ def test_a_calls_outcome_and_its_message_and_a_charge_are_written_as_given(store
         ("model:1", 1, 0.5),
         ("model:2", 2, 0.5),
     ]
+
+
+def test_a_reader_holds_no_writer_up(store: Store) -> None:
+    """A read (`Store.connect`) takes no write lock: a writer goes on while a reader's
+    transaction is open (on SQLite a reader that took the write lock starved writers)."""
+    _run(store)
+    wrote = threading.Event()
+
+    def write() -> None:
+        with store.begin() as conn:
+            threads.ensure_thread(conn, "written-meanwhile")
+        wrote.set()
+
+    with store.connect() as reader:
+        reader.execute(select(runs_table.c.id)).all()  # its transaction is open
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert wrote.wait(5), "the writer waited for the reader"
+        writer.join()
+    with store.connect() as conn:
+        assert threads.thread_exists(conn, "written-meanwhile")

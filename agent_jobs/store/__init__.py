@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine
 from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
-from .db import ensure_schema, is_sqlite, make_engine, upgrade
+from .db import READ_ONLY, ensure_schema, is_sqlite, make_engine, upgrade
 
 
 class RunView(BaseModel):
@@ -82,7 +82,8 @@ class Store:
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
+        """A connection for reads (what it writes is rolled back when it closes)."""
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             yield conn
 
     # --- reads -------------------------------------------------------------------------

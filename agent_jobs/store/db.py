@@ -95,6 +95,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     )
 
 
+READ_ONLY = "agent_jobs_read_only"  # an execution option: the connection only reads
+
+
 def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -110,7 +113,11 @@ def _tune_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read-only connection (`Store.connect`) takes no lock until it reads, and then
+        # a shared one: in WAL mode readers never wait for a writer nor hold one up (a
+        # stream of short readers taking the write lock starved a waiting writer).
+        read_only = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _alembic_config(engine: Engine) -> Any:
@@ -133,7 +140,7 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
         if not inspect(conn).has_table("alembic_version"):
             return None
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
