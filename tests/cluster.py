@@ -46,7 +46,7 @@ class Cluster:
         self,
         concurrency: int = 2,
         queues: str | None = DEFAULT_QUEUES,
-        pool: str = "prefork",
+        pool: str | None = None,
         **extra: str,
     ) -> Process:
         proc = start_worker(self.env(**extra), concurrency=concurrency, queues=queues, pool=pool)

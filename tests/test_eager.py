@@ -281,7 +281,7 @@ def test_a_threads_worker_keeps_a_database_connection_for_each_task_it_runs_at_o
         run = cluster.wait(run_id)
         assert run.status == "completed" and run.output == "w1 answer"
     assert "up to 14 database connections" in threads.log(), threads.log()
-    prefork = cluster.worker(concurrency=1)
+    prefork = cluster.worker(concurrency=1, pool="prefork")
     assert cluster.wait(cluster.client.enqueue_run("w1", "go", actor="user-7")).status == (
         "completed"
     )

@@ -85,12 +85,17 @@ class Process:
 DEFAULT_QUEUES = "from the environment"
 
 
+# The pool a test's workers run on unless it names one: `TEST_WORKER_POOL=threads` runs
+# the suite's workers on another pool.
+TEST_POOL = os.environ.get("TEST_WORKER_POOL", "prefork")
+
+
 def worker(
     env: dict[str, str],
     concurrency: int = 2,
     name: str = "worker",
     queues: str | None = DEFAULT_QUEUES,
-    pool: str = "prefork",
+    pool: str | None = None,
 ) -> Process:
     """A worker process (not started), on Celery's `pool`. `queues=None` leaves Celery's
     choice: every queue the app declares."""
@@ -105,7 +110,7 @@ def worker(
         "worker",
         "--loglevel=INFO",
         f"--concurrency={concurrency}",
-        f"--pool={pool}",
+        f"--pool={pool or TEST_POOL}",
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
@@ -119,7 +124,7 @@ def start_worker(
     concurrency: int = 2,
     name: str = "worker",
     queues: str | None = DEFAULT_QUEUES,
-    pool: str = "prefork",
+    pool: str | None = None,
 ) -> Process:
     return worker(env, concurrency, name, queues, pool).start(ready="ready.")
 
