@@ -257,8 +257,9 @@ def main() -> None:
         "--w3",
         action="append",
         metavar="POOL:CONCURRENCY",
-        help="W3 (200 runs of 1.0 s model calls and 0.2 s reads, ideal 3.4 s) on one worker "
-        "with this pool, e.g. threads:50 or prefork:8; repeatable (default: threads:50)",
+        help="W3 (200 runs of 1.0 s model calls and 0.2 s reads, ideal 3.4 s) on a worker "
+        "with this pool, e.g. threads:50 or prefork:8, or on N such workers of this host: "
+        "threads:100x2; repeatable (default: threads:50)",
     )
     parser.add_argument(
         "--peers",
@@ -371,8 +372,9 @@ def main() -> None:
     figures["w2_wall_s"] = wall
 
     for spec in args.w3 or ["threads:50"]:
-        pool, _, concurrency = spec.partition(":")
-        figures[f"w3_{pool}_{concurrency}"] = w3(client, env, pool, int(concurrency))
+        pool, _, shape = spec.partition(":")
+        concurrency, _, workers = shape.partition("x")
+        figures[f"w3_{pool}_{shape}"] = w3(client, env, pool, int(concurrency), int(workers or 1))
     # A run alone crosses the broker this often (its start, and the steps it sends: 7
     # without the fast path, 2 with it): per hop, how many Celery no-op round trips?
     hops = max(1.0, figures["w1_broker_messages_per_run"])
@@ -403,18 +405,24 @@ def _rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def w3(client: Client, env: dict[str, str], pool: str, concurrency: int) -> dict[str, float]:
-    """W3 on one worker: makespan of 200 runs enqueued at once, and the worker's peak RSS."""
-    proc = start_worker(env, concurrency=concurrency, name=f"w3-{pool}", pool=pool)
+def w3(
+    client: Client, env: dict[str, str], pool: str, concurrency: int, workers: int = 1
+) -> dict[str, float]:
+    """W3 on `workers` workers of this host: makespan of 200 runs enqueued at once, and
+    the workers' peak RSS together."""
+    procs = [
+        start_worker(env, concurrency=concurrency, name=f"w3-{pool}-{n}", pool=pool)
+        for n in range(workers)
+    ]
     peak = 0
     try:
-        assert proc.proc is not None
-        run_all(client, "w3", 2, 60)  # warm up
+        pids = [proc.proc.pid for proc in procs if proc.proc is not None]
+        run_all(client, "w3", 2 * workers, 60)  # warm up
         started = time.perf_counter()
         ids = [client.enqueue_run("w3", "go", actor="bench") for _ in range(200)]
         engine = client.store.engine
         while True:
-            peak = max(peak, _rss_bytes(_descendants(proc.proc.pid)))
+            peak = max(peak, sum(_rss_bytes(_descendants(pid)) for pid in pids))
             with engine.connect() as conn:
                 done = conn.execute(
                     select(func.count()).where(
@@ -434,7 +442,8 @@ def w3(client: Client, env: dict[str, str], pool: str, concurrency: int) -> dict
         if failed:
             raise SystemExit(f"W3 on {pool}:{concurrency}: {failed} of 200 runs did not complete")
     finally:
-        proc.stop()
+        for proc in procs:
+            proc.stop()
     return {"makespan_s": makespan, "vs_ideal": makespan / 3.4, "rss_mib": peak / 2**20}
 
 
