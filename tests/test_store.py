@@ -262,7 +262,7 @@ def test_usage_recorded_reads_the_ledger(store: Store) -> None:
     _run(store)
     with store.begin() as conn:
         assert not usage_rows.usage_recorded(conn, "r1", "model:1")
-        usage_rows.record_usage(
+        usage_rows.charge(
             conn,
             run_id="r1",
             thread_id="t1",

@@ -50,7 +50,6 @@ from .step_tasks import (
     Completion,
     EagerEvents,
     Kept,
-    claimed_by_another,
     heartbeat,
     model_failed,
     quiet_events,
@@ -392,13 +391,11 @@ class DurableRunner:
             return f"{step} already running", None  # a duplicate delivery
         try:
             if kept is not None:
-                row = kept.row
+                row, refused = kept.row, None  # written by the pass just now, under its lock
             else:
                 with self.store.connect() as conn:
                     row = journal_rows.get_with_run(conn, run_id, step)
-            refused = refusal(row, step, task)
-            if refused is None and kept is None and claimed_by_another(row):
-                refused = f"{step} already running"  # in the chain of the task that kept it
+                refused = refusal(row, step, task)
             if refused is not None:
                 if (
                     row is not None

@@ -65,7 +65,7 @@ def quiet_events(
 
 
 def refusal(row: Any, step: str, task: str) -> str | None:
-    """Why a step task must leave this journal row alone, or None to run it."""
+    """Why a delivered step task must leave this journal row alone, or None to run it."""
     if row is None:
         return f"unknown step {step}"
     if row.run_status in run_rows.TERMINAL:
@@ -80,6 +80,8 @@ def refusal(row: Any, step: str, task: str) -> str | None:
         return f"{step} is not a remote step"
     if kind != task:
         return f"{step} is carried out by {kind}, not {task}"
+    if _claimed(row):
+        return f"{step} already running"  # in the chain of the task that kept it
     return None
 
 
@@ -195,7 +197,7 @@ def heartbeat(
     claimed: bool = False,
 ) -> Iterator[None]:
     """While the step runs: keep its lease alive, and show it `started` once it
-    has run for a moment (short steps go from scheduled to done in one commit).
+    has run for a moment (a short delivered step goes from scheduled to done in one commit).
 
     A `claimed` step's lease is its journal row's (the pass that scheduled it claimed
     it); any other's is in Redis, and the row's lease only keeps the sweep off it.
@@ -231,10 +233,10 @@ def heartbeat(
         BEATS.remove(key)
 
 
-def claimed_by_another(row: Any) -> bool:
+def _claimed(row: Any) -> bool:
     """Whether the step's row is claimed by a process that may still be running it (the
     pass that scheduled it claimed it, and the claim has neither lapsed nor lost its
-    holder): a delivery of the step must leave it alone."""
+    holder)."""
     if row.holder is None or row.lease_until is None or row.lease_until <= utcnow():
         return False
     holder = Holder.parse(row.holder)

@@ -302,12 +302,9 @@ def insert_many(
     pass's `events` (on Postgres in that same statement). A plain INSERT, like
     `insert_done`: the pass holds the run's row lock and inserts only steps its replay
     did not find, so a conflict is a bug, never a race to swallow."""
-    if conn.dialect.name != "postgresql":
+    if not rows or conn.dialect.name != "postgresql":
         if rows:
             conn.execute(_INSERT, rows)
-        event_rows.append(conn, events)
-        return
-    if not rows:
         event_rows.append(conn, events)
         return
     params = {"journal_rows": json.dumps(rows, default=_json_default, ensure_ascii=False)}

@@ -10,48 +10,6 @@ from ..messages import Usage
 from .db import DIALECTS, dialect_insert, utcnow
 from .schema import quota_usage, usage
 
-
-def record_usage(
-    conn: Connection,
-    *,
-    run_id: str,
-    thread_id: str,
-    actor: str,
-    day: str,
-    step: str,
-    kind: str,
-    model: str | None,
-    spent: Usage,
-) -> None:
-    conn.execute(_RECORD, _ledger_row(run_id, thread_id, actor, day, step, kind, model, spent))
-
-
-def _ledger_row(
-    run_id: str,
-    thread_id: str,
-    actor: str,
-    day: str,
-    step: str,
-    kind: str,
-    model: str | None,
-    spent: Usage,
-) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "thread_id": thread_id,
-        "actor": actor,
-        "day": day,
-        "step": step,
-        "kind": kind,
-        "model": model,
-        "input_tokens": spent.input_tokens,
-        "output_tokens": spent.output_tokens,
-        "cost": spent.cost,
-        "cost_source": spent.cost_source,
-        "created_at": utcnow(),
-    }
-
-
 _RECORD = usage.insert()
 
 
@@ -69,7 +27,20 @@ def charge(
 ) -> None:
     """A model call's tokens on the ledger and on the actor's quota for `day` (one
     statement on Postgres)."""
-    row = _ledger_row(run_id, thread_id, actor, day, step, kind, model, spent)
+    row = {
+        "run_id": run_id,
+        "thread_id": thread_id,
+        "actor": actor,
+        "day": day,
+        "step": step,
+        "kind": kind,
+        "model": model,
+        "input_tokens": spent.input_tokens,
+        "output_tokens": spent.output_tokens,
+        "cost": spent.cost,
+        "cost_source": spent.cost_source,
+        "created_at": utcnow(),
+    }
     if conn.dialect.name == "postgresql":
         conn.execute(_CHARGE_PG, row | {"tokens": spent.total_tokens})
         return
