@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -38,6 +39,13 @@ def _lease_key(run_id: str, step: str) -> str:
 
 def _attempts_key(run_id: str, step: str) -> str:
     return f"agent_jobs:attempts:{run_id}:{step}"
+
+
+# The worker processes that beat (score: when each last did, by Redis's clock, in ms), and
+# what each is working on: a set of `run_id|token`, one member a task.
+PROCESSES_KEY = "agent_jobs:processes"
+HOLDS_PREFIX = "agent_jobs:holds:"
+HOLDS_TTL = 24 * 3600
 
 
 # Take the lease if it is free; else say who holds it.
@@ -96,6 +104,41 @@ return 0
 """
 
 
+# A process beats: it is alive now. With ARGV[3] = 1 it also takes the processes silent for
+# more than ARGV[2] ms (each removed, so exactly one caller takes it), with what they held.
+_BEAT = """
+local now = redis.call('time')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('zadd', KEYS[1], now, ARGV[1])
+redis.call('expire', ARGV[4] .. ARGV[1], ARGV[5])
+local taken = {}
+if ARGV[3] == '1' then
+  local silent = redis.call('zrangebyscore', KEYS[1], '-inf', now - tonumber(ARGV[2]),
+                            'LIMIT', 0, 20)
+  for _, process in ipairs(silent) do
+    if redis.call('zrem', KEYS[1], process) == 1 then
+      table.insert(taken, process)
+      table.insert(taken, redis.call('smembers', ARGV[4] .. process))
+      redis.call('del', ARGV[4] .. process)
+    end
+  end
+end
+return taken
+"""
+# Take the named processes (known to be gone), with what they held, if nobody took them.
+_TAKE_PROCESSES = """
+local taken = {}
+for _, process in ipairs(ARGV) do
+  if redis.call('zrem', KEYS[1], process) == 1 then
+    table.insert(taken, process)
+    table.insert(taken, redis.call('smembers', KEYS[2] .. process))
+    redis.call('del', KEYS[2] .. process)
+  end
+end
+return taken
+"""
+
+
 @cache
 def this_machine() -> str:
     """Names the machine and process namespace: equal for processes that see each other's
@@ -139,7 +182,12 @@ class Holder:
     token: str
 
     def __str__(self) -> str:
-        return SEP.join((self.machine, str(self.pid), self.started, self.token))
+        return SEP.join((self.process, self.token))
+
+    @property
+    def process(self) -> str:
+        """Names the process alone (every lease it takes starts with this and `SEP`)."""
+        return SEP.join((self.machine, str(self.pid), self.started))
 
     @classmethod
     def parse(cls, value: bytes | str) -> Holder | None:
@@ -148,6 +196,11 @@ class Holder:
         if len(parts) != 4 or not parts[1].isdigit():
             return None
         return cls(parts[0], int(parts[1]), parts[2], parts[3])
+
+    @classmethod
+    def of_process(cls, process: str) -> Holder | None:
+        """The holder a process name (`process`) stands for, with no token."""
+        return cls.parse(process + SEP)
 
     @classmethod
     def me(cls) -> Holder:
@@ -181,6 +234,8 @@ class Leases:
         self._refresh = client.register_script(_REFRESH)
         self._release = client.register_script(_RELEASE)
         self._release_dead = client.register_script(_RELEASE_DEAD)
+        self._beat = client.register_script(_BEAT)
+        self._take_processes = client.register_script(_TAKE_PROCESSES)
 
     @classmethod
     def from_url(cls, url: str) -> Leases:
@@ -223,8 +278,44 @@ class Leases:
 
     def release_dead(self, run_id: str, step: str, machine: str, pid: int) -> bool:
         """Release the step's lease if the dead process `pid` of `machine` held it."""
-        prefix = holder_prefix(machine, pid)
+        return self.release_process(run_id, step, holder_prefix(machine, pid))
+
+    def release_process(self, run_id: str, step: str, prefix: str) -> bool:
+        """Release the step's lease if a holder whose name starts with `prefix` holds it."""
         return bool(self._release_dead(keys=[_lease_key(run_id, step)], args=[prefix]))
+
+    # --- which processes live, and what they hold (see runners/liveness.py) -------------
+
+    def beat(self, process: str, *, silent_for: float, take: bool) -> dict[str, set[str]]:
+        """Say that `process` lives; with `take`, also take the processes that have not
+        said so for `silent_for` seconds: {process: the runs it was working on}."""
+        taken = self._beat(
+            keys=[PROCESSES_KEY],
+            args=[process, _ms(silent_for), "1" if take else "0", HOLDS_PREFIX, HOLDS_TTL],
+        )
+        return _taken(taken)
+
+    def take_processes(self, processes: list[str]) -> dict[str, set[str]]:
+        """Take the named processes, known to be gone, unless another caller did."""
+        if not processes:
+            return {}
+        return _taken(self._take_processes(keys=[PROCESSES_KEY, HOLDS_PREFIX], args=processes))
+
+    def processes(self) -> list[str]:
+        """Every process that beats or did, until it is taken."""
+        members: list[bytes] = self.client.zrange(PROCESSES_KEY, 0, -1)  # type: ignore[assignment]
+        return [_text(p) for p in members]
+
+    def hold(self, process: str, member: str) -> None:
+        """`process` works on a run (`member` is `run_id|token`, one a task)."""
+        self.client.sadd(HOLDS_PREFIX + process, member)
+
+    def let_go(self, process: str, member: str) -> None:
+        self.client.srem(HOLDS_PREFIX + process, member)
+
+    def forget(self, process: str) -> None:
+        """`process` ends cleanly: nobody need take it."""
+        self.client.zrem(PROCESSES_KEY, process)
 
     def held(self, run_id: str, steps: list[str]) -> set[str]:
         """Which of the run's steps a delivery that may still live is running now."""
@@ -257,6 +348,19 @@ class Leases:
             (step, value, Holder.parse(value) if value is not None else None)
             for step, value in zip(steps, values, strict=True)
         ]
+
+
+def _taken(flat: list[Any]) -> dict[str, set[str]]:
+    """{process: run ids} from a script's [process, [run_id|token, ...], ...]."""
+    out: dict[str, set[str]] = {}
+    for process, members in zip(flat[::2], flat[1::2], strict=True):
+        runs = {_text(m).split(SEP, 1)[0] for m in members}
+        out[_text(process)] = runs
+    return out
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _ms(seconds: float) -> int:

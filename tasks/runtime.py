@@ -6,10 +6,11 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 from celery import Celery, current_app
-from celery.signals import task_postrun, worker_init, worker_process_init
+from celery.signals import task_postrun, worker_init, worker_process_init, worker_ready
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -17,6 +18,8 @@ from agent_jobs.dispatch import CeleryDispatcher
 from agent_jobs.leases import Leases
 from agent_jobs.loading import load_app
 from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.liveness import Liveness
+from agent_jobs.runners.recovery import recover_process
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store
 from agent_jobs.streams.redis_streams import RedisStreams
@@ -65,6 +68,10 @@ def runtime(celery: Celery) -> Runtime:
                 Leases(redis_client),
             )
             runner.eager_events = ChainEvents(celery)
+            # This process's beat: if it dies, another process sends its steps again.
+            recover = partial(recover_process, runner.store, runner.leases, runner.dispatcher)
+            runner.liveness = Liveness(runner.leases, recover, settings.process_timeout)
+            runner.liveness.start()
             log.info(
                 "agent-jobs runner ready in process %d: up to %d database connections",
                 os.getpid(),
@@ -115,3 +122,11 @@ def _flush_chain_events(**_: object) -> None:
 def _warm(**_: object) -> None:
     """Build the runner as each worker process starts, not on its first task."""
     runtime(current_app)
+
+
+@worker_ready.connect
+def _warm_in_process(**_: object) -> None:
+    """A threads or gevent worker is its one process: build its runner (and start its
+    beat, which at once recovers the processes of this machine that died) as it starts."""
+    if _pool is not None and _pool[0] in _IN_PROCESS_POOLS:
+        runtime(current_app)

@@ -47,9 +47,13 @@ class Cluster:
         concurrency: int = 2,
         queues: str | None = DEFAULT_QUEUES,
         pool: str | None = None,
+        restart: bool = False,
         **extra: str,
     ) -> Process:
-        proc = start_worker(self.env(**extra), concurrency=concurrency, queues=queues, pool=pool)
+        """A worker of the cluster; with `restart`, started again whenever it dies."""
+        proc = start_worker(
+            self.env(**extra), concurrency=concurrency, queues=queues, pool=pool, restart=restart
+        )
         self.procs.append(proc)
         return proc
 

@@ -332,7 +332,8 @@ def test_a_summary_is_made_once_though_the_worker_dies_right_after(cluster: Clus
 
 
 def test_a_step_that_keeps_killing_its_worker_becomes_a_dead_letter(cluster: Cluster) -> None:
-    cluster.worker(concurrency=1)
+    # On a threads pool the step kills the whole worker, which is started again.
+    cluster.worker(concurrency=1, restart=True)
     cluster.beat()
     run_id = cluster.client.enqueue_run("poison", "go", actor="user-7")
     run = cluster.wait(run_id, timeout=90)

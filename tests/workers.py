@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,9 +28,13 @@ def service_env(broker_url: str, database_url: str, **extra: str) -> dict[str, s
 
 
 class Process:
-    """A subprocess in its own process group, its output in a log file."""
+    """A subprocess in its own process group, its output in a log file. With `restart`,
+    it is started again whenever it dies on its own (as compose's `restart:` or systemd
+    would), until the test kills or stops it."""
 
-    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], name: str, *, restart: bool = False
+    ) -> None:
         self.args = args
         self.env = env
         self.name = name
@@ -37,8 +42,11 @@ class Process:
         os.close(handle)
         self.log_path = Path(path)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restart = restart
+        self.restarts = 0
+        self._ended = threading.Event()
 
-    def start(self, ready: str | None = None, timeout: float = 30) -> Process:
+    def _spawn(self) -> None:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             self.args,
@@ -49,6 +57,18 @@ class Process:
             start_new_session=True,
         )
         log.close()
+
+    def _supervise(self) -> None:
+        while not self._ended.wait(0.1):
+            if self.proc is not None and self.proc.poll() is not None and not self._ended.is_set():
+                self.restarts += 1
+                self._spawn()
+
+    def start(self, ready: str | None = None, timeout: float = 30) -> Process:
+        self._spawn()
+        assert self.proc is not None
+        if self.restart:
+            threading.Thread(target=self._supervise, daemon=True).start()
         if ready is not None:
             deadline = time.monotonic() + timeout
             while ready not in self.log():
@@ -68,11 +88,13 @@ class Process:
 
     def kill(self) -> None:
         """SIGKILL the whole process group: no cleanup, no acknowledgements."""
+        self._ended.set()
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
+        self._ended.set()
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -96,6 +118,7 @@ def worker(
     name: str = "worker",
     queues: str | None = DEFAULT_QUEUES,
     pool: str | None = None,
+    restart: bool = False,
 ) -> Process:
     """A worker process (not started), on Celery's `pool`. `queues=None` leaves Celery's
     choice: every queue the app declares."""
@@ -116,7 +139,7 @@ def worker(
         "--without-heartbeat",
         f"--hostname={name}-{uuid.uuid4().hex[:6]}@%h",
     ]
-    return Process([*args, f"--queues={queues}"] if queues else args, env, name)
+    return Process([*args, f"--queues={queues}"] if queues else args, env, name, restart=restart)
 
 
 def start_worker(
@@ -125,8 +148,9 @@ def start_worker(
     name: str = "worker",
     queues: str | None = DEFAULT_QUEUES,
     pool: str | None = None,
+    restart: bool = False,
 ) -> Process:
-    return worker(env, concurrency, name, queues, pool).start(ready="ready.")
+    return worker(env, concurrency, name, queues, pool, restart).start(ready="ready.")
 
 
 def start_beat(env: dict[str, str], tmp: Path) -> Process:

@@ -16,7 +16,8 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -43,7 +44,8 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
-from . import journal_cache, recovery, waits
+from . import journal_cache, recovery
+from .liveness import Liveness
 from .replay import DurableHooks
 from .step_tasks import (
     IN_FLIGHT,
@@ -101,6 +103,8 @@ class DurableRunner:
         # task it is); by default, not at all.
         self.eager_events: EagerEvents = quiet_events
         self.journal_cache = journal_cache.JournalCache()
+        # A worker's: this process's beat, so another recovers its runs if it dies.
+        self.liveness: Liveness | None = None
         diagnostics.set_enabled(settings.diagnostics)
 
     # --- starting ----------------------------------------------------------------------
@@ -127,12 +131,23 @@ class DurableRunner:
     def continue_run(self, run_id: str) -> str:
         """`coordinate`, in a worker's task: the step the pass schedules runs here at once
         (of a fan-out, the first member; the others are sent)."""
-        outcome, kept = self._drive(run_id, None, keep=self._eager)
-        if kept is not None:
-            self._chain(run_id, kept)
-        else:
-            self._adopt_orphans(run_id)  # this may be the message of a task that died
+        with self._working_on(run_id):
+            outcome, kept = self._drive(run_id, None, keep=self._eager)
+            if kept is not None:
+                self._chain(run_id, kept)
+            else:
+                self._adopt_orphans(run_id)  # this may be the message of a task that died
         return outcome
+
+    @contextmanager
+    def _working_on(self, run_id: str) -> Iterator[None]:
+        """While a task works on the run: if this process dies, another re-drives it."""
+        member = self.liveness.hold(run_id) if self.liveness is not None else None
+        try:
+            yield
+        finally:
+            if self.liveness is not None:
+                self.liveness.let_go(member)
 
     @property
     def _eager(self) -> bool:
@@ -196,7 +211,7 @@ class DurableRunner:
                     turn, deps = turn_for(self.app, run, self.settings)
                     result = run_agent_loop(turn, deps, hooks)
                 except Suspend:
-                    outcome = self._park(conn, run, hooks)
+                    outcome = hooks.park()
                 except AgentJobsError as exc:
                     ending = Ending.failed(exc)
                     outcome = f"failed: {exc}"
@@ -268,21 +283,6 @@ class DurableRunner:
         )
         return Kept(task, step, snapshot, holder)
 
-    def _park(self, conn: Connection, run: RunView, hooks: DurableHooks) -> str:
-        parked = hooks.parked
-        waiting_on = " ".join(parked.labels) if parked.status != "running" else None
-        if run.status != parked.status or run.waiting_on != waiting_on:
-            run_rows.set_status(conn, run.run_id, parked.status, waiting_on=waiting_on)
-        # A human wait streams its own `status` frame, and so does the wait a person
-        # released the run from; a run released some other way (its wait's row completed
-        # by a repair) says so here.
-        if parked.status == "running" and run.status in waits.PARKED and not hooks.resumed:
-            kind, fields = waits.RESUMED
-            hooks.env.emit_after_commit(kind, **fields)
-        if parked.status == "running":
-            return "waiting " + " ".join(parked.labels)
-        return " ".join(parked.labels)
-
     def _fail(self, run_id: str, exc: Exception) -> str:
         message, error_type = f"internal error: {exc}", type(exc).__name__
         with self.store.begin() as conn:
@@ -309,9 +309,10 @@ class DurableRunner:
         `RetryLater`: the task adapter hands it to Celery's retry countdown, so no
         worker sleeps.
         """
-        outcome, kept = self._step(run_id, step, task=task, retries=retries, keep=self._eager)
-        if kept is not None:
-            self._chain(run_id, kept)
+        with self._working_on(run_id):
+            outcome, kept = self._step(run_id, step, task=task, retries=retries, keep=self._eager)
+            if kept is not None:
+                self._chain(run_id, kept)
         return outcome
 
     def _chain(self, run_id: str, kept: Kept) -> None:

@@ -1,6 +1,7 @@
 """What the durable runner sends again when nobody will finish a step: the steps of a run
-whose holder died (found by a task's returning message), and the steps of runs that made
-no progress for a while (found by the sweep)."""
+whose holder died (found by a task's returning message, or by another process when the
+dead one stopped beating), and the steps of runs that made no progress for a while (found
+by the sweep)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 from datetime import timedelta
 
 from ..dispatch import Dispatcher
-from ..leases import Holder, Leases
+from ..leases import SEP, Holder, Leases
 from ..steps import parse_intent
 from ..store import Store
 from ..store import journal as journal_rows
@@ -37,6 +38,29 @@ def adopt_orphans(store: Store, leases: Leases, dispatcher: Dispatcher, run_id: 
     if orphans:
         log.info("run %s: re-sending %s, whose process died", run_id, orphans)
         dispatcher.steps(run_id, orphans)
+
+
+def recover_process(
+    store: Store, leases: Leases, dispatcher: Dispatcher, process: str, run_ids: set[str]
+) -> None:
+    """`process` died working on `run_ids` (see runners/liveness.py): let go of what it
+    held, claims in rows and leases in Redis, and send those steps again; a run it held
+    no step of is re-driven (it died in a pass)."""
+    prefix = process + SEP
+    for run_id in sorted(run_ids):
+        with store.begin() as conn:
+            claims = journal_rows.release_claims(conn, run_id, process)
+            released = {r.step: r.intent for r in claims}
+            flying = journal_rows.in_flight(conn, run_id)
+        for row in flying:
+            if row.step not in released and leases.release_process(run_id, row.step, prefix):
+                released[row.step] = row.intent
+        steps = [(task_for(parse_intent(intent)), step) for step, intent in released.items()]
+        log.info("run %s: process %s stopped beating; re-sending %s", run_id, process, steps)
+        if steps:
+            dispatcher.steps(run_id, steps)
+        else:
+            dispatcher.coordinate(run_id)
 
 
 def sweep(store: Store, leases: Leases, dispatcher: Dispatcher, stale_after: float) -> int:

@@ -83,6 +83,22 @@ class DurableHooks(LoopHooks):
         self.in_block = False  # inside a fan-out: steps are found by name
         self.block_end = 0  # the last position a fan-out's steps took
 
+    def park(self) -> str:
+        """The pass suspended: record what the run now waits on; returns the outcome."""
+        run, parked = self.run, self.parked
+        waiting_on = " ".join(parked.labels) if parked.status != "running" else None
+        if run.status != parked.status or run.waiting_on != waiting_on:
+            run_rows.set_status(self.conn, run.run_id, parked.status, waiting_on=waiting_on)
+        # A human wait streams its own `status` frame, and so does the wait a person
+        # released the run from; a run released some other way (its wait's row completed
+        # by a repair) says so here.
+        if parked.status == "running" and run.status in waits.PARKED and not self.resumed:
+            kind, fields = waits.RESUMED
+            self.env.emit_after_commit(kind, **fields)
+        if parked.status == "running":
+            return "waiting " + " ".join(parked.labels)
+        return " ".join(parked.labels)
+
     # --- positions ---------------------------------------------------------------------
 
     def _recorded(self, name: str) -> Any | None:

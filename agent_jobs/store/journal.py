@@ -152,6 +152,23 @@ def unclaim(conn: Connection, run_id: str, step: str, holder: str) -> bool:
     return result.rowcount == 1
 
 
+def release_claims(conn: Connection, run_id: str, process: str) -> Sequence[Row[Any]]:
+    """Let go of the run's steps claimed by a process that died (`process` names it): the
+    attempt it began stays counted, and whoever is sent the step may take it. Returns
+    the rows let go."""
+    prefix = process + "|"
+    return conn.execute(
+        update(journal)
+        .where(
+            journal.c.run_id == run_id,
+            journal.c.state.in_(("scheduled", "started")),
+            func.substr(journal.c.holder, 1, len(prefix)) == prefix,
+        )
+        .values(lease_until=None, holder=None)
+        .returning(journal.c.step, journal.c.intent)
+    ).all()
+
+
 _WITH_RUN = (
     select(journal, runs.c.status.label("run_status"), runs.c.root_run_id, runs.c.thread_id)
     .join(runs, runs.c.id == journal.c.run_id)

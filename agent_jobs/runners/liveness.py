@@ -1,0 +1,137 @@
+"""Every worker process beats; when one stops, another sends its steps again in seconds.
+
+A pool process that dies alone is seen by its worker's main process (tasks/requests.py).
+A whole worker that dies — a threads or gevent worker is one process; a prefork worker's
+main process and pool go together on a SIGKILL or a lost machine — leaves nobody to see
+it, and its tasks' messages come back only after the broker's visibility timeout. So each
+process says twice a second, in Redis, that it lives (a sorted set scored by Redis's own
+clock, so machines' clocks do not matter), and keeps a set of the runs its tasks work on.
+A beat also takes (atomically: one taker) the processes silent for `process_timeout`
+seconds; the taker lets go of their claims and leases and sends their steps again
+(runners/recovery.py). A worker that starts takes at once the processes of its machine
+that are provably gone (their pid no longer runs), as after a restart.
+
+A process declared dead while it still runs (stalled longer than the timeout: a CPU-bound
+tool holding the GIL, a machine paused) has its step run twice; the journal keeps the
+first result and the idempotency key guards the side effect, as for an expired lease.
+A process that cannot reach Redis does not take others until it has beaten for a whole
+timeout again: after an outage every process's last beat is old, and none is dead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from ..leases import SEP, Holder, Leases, this_machine
+
+log = logging.getLogger(__name__)
+
+# How often a process beats, as a share of the silence after which it is taken for dead.
+BEATS_PER_TIMEOUT = 6
+
+
+class Liveness:
+    """This process's beat, and the recovery of processes that stopped beating."""
+
+    def __init__(
+        self,
+        leases: Leases,
+        recover: Callable[[str, set[str]], None],
+        timeout: float,
+    ) -> None:
+        self.leases = leases
+        self.recover = recover
+        self.timeout = timeout
+        self.process = Holder.me().process
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._beating_since: float | None = None  # since the last failed beat
+
+    def start(self) -> None:
+        """Beat on a thread of its own (a slow database or a busy heartbeat must not
+        silence it), until the process ends."""
+        self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """End cleanly: nobody need take this process."""
+        self._stop.set()
+        with contextlib.suppress(redis.RedisError):  # then it is taken, holding nothing
+            self.leases.forget(self.process)
+
+    def hold(self, run_id: str) -> str | None:
+        """A task of this process works on `run_id`; returns what `let_go` takes."""
+        member = f"{run_id}{SEP}{uuid.uuid4().hex}"
+        try:
+            self.leases.hold(self.process, member)
+        except redis.RedisError as exc:  # then the sweep is the backstop, as before
+            log.warning("could not note run %s as worked on here: %s", run_id, exc)
+            return None
+        return member
+
+    def let_go(self, member: str | None) -> None:
+        if member is None:
+            return
+        try:
+            self.leases.let_go(self.process, member)
+        except redis.RedisError as exc:  # a dead process's runs re-driven for nothing
+            log.warning("could not note %s as done here: %s", member, exc)
+
+    def _run(self) -> None:
+        self._take_gone_here()
+        while not self._stop.wait(self.timeout / BEATS_PER_TIMEOUT):
+            self.beat()
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        since = self._beating_since
+        take = since is not None and now - since >= self.timeout
+        try:
+            taken = self.leases.beat(self.process, silent_for=self.timeout, take=take)
+        except redis.RedisError as exc:
+            if since is not None:
+                log.warning("liveness beat failed: %s", exc)
+            self._beating_since = None
+            return
+        if since is None:
+            self._beating_since = now
+        for process, run_ids in taken.items():
+            self._recover(process, run_ids)
+
+    def _take_gone_here(self) -> None:
+        """Take the processes of this machine that provably no longer run."""
+        try:
+            gone = [
+                process
+                for process in self.leases.processes()
+                if (holder := Holder.of_process(process)) is not None
+                and holder.machine == this_machine()
+                and holder.gone()
+            ]
+            taken = self.leases.take_processes(gone)
+        except redis.RedisError as exc:
+            log.warning("could not look for dead processes: %s", exc)
+            return
+        for process, run_ids in taken.items():
+            self._recover(process, run_ids)
+
+    def _recover(self, process: str, run_ids: set[str]) -> None:
+        holder = Holder.of_process(process)
+        if holder is not None and holder.machine == this_machine() and not holder.gone():
+            # Silent, yet provably running (stalled): leave its steps to it.
+            log.warning("process %d stopped beating but runs: its steps are left to it", holder.pid)
+            return
+        log.warning("process %s stopped beating: recovering runs %s", process, sorted(run_ids))
+        try:
+            self.recover(process, run_ids)
+        except Exception:  # the sweep is the backstop
+            log.exception("recovering the runs of process %s failed", process)
