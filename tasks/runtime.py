@@ -9,8 +9,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import redis
-from celery import Celery, current_app
-from celery.signals import task_postrun, worker_init, worker_process_init, worker_ready
+from celery import Celery, Task, current_app
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+)
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -19,13 +25,14 @@ from agent_jobs.leases import Leases
 from agent_jobs.loading import load_app
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.runners.liveness import Liveness
-from agent_jobs.runners.recovery import recover_process
+from agent_jobs.runners.recovery import give_up, recover_process
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store
 from agent_jobs.streams.redis_streams import RedisStreams
 
 from .app import DEFAULT_BROKER
 from .events import ChainEvents
+from .watchdog import Watchdog, limits
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +117,34 @@ def db_pool_size(settings: Settings) -> int:
     return 5
 
 
+# Celery enforces no time limit on a threads pool: this does (tasks/watchdog.py).
+_watchdog: Watchdog | None = None
+
+
+def watchdog() -> Watchdog:
+    global _watchdog
+    runner = runtime(current_app).runner
+    with _lock:
+        if _watchdog is None:
+            _watchdog = Watchdog(partial(give_up, runner.store, runner.leases, runner.dispatcher))
+        return _watchdog
+
+
+@task_prerun.connect
+def _watch(task_id: str = "", task: Task | None = None, **_: object) -> None:  # type: ignore[type-arg]
+    if _pool is not None and _pool[0] == "thread" and task is not None:
+        watchdog().watch(task_id, *limits(task))
+
+
 @task_postrun.connect
-def _flush_chain_events(**_: object) -> None:
-    """A task that ran steps in a chain has ended: Flower hears of its last step now."""
+def _task_ended(**_: object) -> None:
+    """A task has ended: Flower hears of the last step of its chain now, and the
+    watchdog lets it go."""
     current = _runtime
     if current is not None and isinstance(current.runner.eager_events, ChainEvents):
         current.runner.eager_events.flush()
+    if _watchdog is not None:
+        _watchdog.unwatch()
 
 
 @worker_process_init.connect

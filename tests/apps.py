@@ -508,6 +508,46 @@ app.agent(
 )
 
 
+# --- steps that overrun their time limit ---------------------------------------------------
+
+
+@app.tool(kind="read")
+def python_loop(seconds: float, ctx: ToolContext) -> str:
+    """Runs Python for `seconds` (a time limit can interrupt it)."""
+    record(ctx.run_id, f"loop:start:{os.getpid()}", ctx.idempotency_key)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+    record(ctx.run_id, "loop:end", ctx.idempotency_key)
+    return "looped"
+
+
+@app.tool(kind="read")
+def stubborn_loop(seconds: float, ctx: ToolContext) -> str:
+    """As `python_loop`, but it ignores the soft time limit."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    record(ctx.run_id, f"loop:start:{os.getpid()}", ctx.idempotency_key)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.02)
+        except SoftTimeLimitExceeded:
+            record(ctx.run_id, "loop:soft", ctx.idempotency_key)
+    record(ctx.run_id, "loop:end", ctx.idempotency_key)
+    return "looped"
+
+
+for _name, _tool in (("overrun", "python_loop"), ("stubborn", "stubborn_loop")):
+    app.agent(
+        _name,
+        model=CountingModel(
+            [{"tool_calls": [{"name": _tool, "args": {"seconds": 30}}]}, {"text": "went on"}]
+        ),
+        tools=[_tool],
+    )
+
+
 # --- hardening: steps that wait for the test, and name the process that runs them ----------
 
 

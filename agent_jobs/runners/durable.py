@@ -46,12 +46,14 @@ from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
 from . import journal_cache, recovery
 from .liveness import Liveness
-from .replay import DurableHooks
+from .replay import DurableHooks, task_for
 from .step_tasks import (
     IN_FLIGHT,
+    RUNNING,
     Completion,
     EagerEvents,
     Kept,
+    Running,
     heartbeat,
     model_failed,
     quiet_events,
@@ -141,13 +143,19 @@ class DurableRunner:
 
     @contextmanager
     def _working_on(self, run_id: str) -> Iterator[None]:
-        """While a task works on the run: if this process dies, another re-drives it."""
-        member = self.liveness.hold(run_id) if self.liveness is not None else None
+        """While a task works on the run: if this process dies, another re-drives it. A
+        task cut short by the process going (SystemExit: a pool process killed at its
+        hard time limit is sent SIGTERM first) leaves the run noted, for the taker."""
+        if (liveness := self.liveness) is None:
+            yield
+            return
+        member = liveness.hold(run_id)
         try:
             yield
-        finally:
-            if self.liveness is not None:
-                self.liveness.let_go(member)
+        except Exception:
+            liveness.let_go(member)
+            raise
+        liveness.let_go(member)
 
     @property
     def _eager(self) -> bool:
@@ -424,6 +432,8 @@ class DurableRunner:
                 completion = self._run_step(
                     row, step, holder, attempt, retries, claimed=kept is not None
                 )
+                if RUNNING.fenced(holder):  # over the hard time limit: sent again
+                    return f"{step} given up on: over its time limit", None
             outcome, following = self._drive(run_id, completion, keep=keep)
             return f"{step} {completion.state}; {outcome}", following
         except RetryLater as later:
@@ -456,16 +466,11 @@ class DurableRunner:
         env = StepEnv(app=self.app, stream=stream)
         intent = parse_intent(row.intent)
         started = utcnow()
-        with heartbeat(
-            self.leases,
-            self.store,
-            self.settings.step_lease,
-            run_id,
-            step,
-            holder,
-            attempt,
-            started,
-            claimed=claimed,
+        running = Running(run_id, step, task_for(intent), holder, claimed)
+        lease = self.settings.step_lease
+        with (
+            heartbeat(self.leases, self.store, lease, running, attempt, started),
+            RUNNING.track(running),
         ):
             try:
                 result = dump(execute_remote(intent, env, step))

@@ -16,6 +16,7 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from .replay import task_for
+from .step_tasks import Running
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +45,37 @@ def recover_process(
     store: Store, leases: Leases, dispatcher: Dispatcher, process: str, run_ids: set[str]
 ) -> None:
     """`process` died working on `run_ids` (see runners/liveness.py): let go of what it
-    held, claims in rows and leases in Redis, and send those steps again; a run it held
-    no step of is re-driven (it died in a pass)."""
+    held, claims in rows and leases in Redis, and send again each step in flight that
+    nobody else holds (a dying process may have let its lease go already); a run with
+    none is re-driven (its process died in a pass)."""
     prefix = process + SEP
     for run_id in sorted(run_ids):
         with store.begin() as conn:
-            claims = journal_rows.release_claims(conn, run_id, process)
+            claims = journal_rows.release_claims(conn, run_id, prefix)
             released = {r.step: r.intent for r in claims}
             flying = journal_rows.in_flight(conn, run_id)
-        for row in flying:
-            if row.step not in released and leases.release_process(run_id, row.step, prefix):
-                released[row.step] = row.intent
+        others = [r for r in flying if r.step not in released and r.holder is None]
+        for step in leases.unheld(run_id, [r.step for r in others], prefix):
+            released[step] = next(r.intent for r in others if r.step == step)
         steps = [(task_for(parse_intent(intent)), step) for step, intent in released.items()]
         log.info("run %s: process %s stopped beating; re-sending %s", run_id, process, steps)
         if steps:
             dispatcher.steps(run_id, steps)
         else:
             dispatcher.coordinate(run_id)
+
+
+def give_up(store: Store, leases: Leases, dispatcher: Dispatcher, running: Running) -> None:
+    """A step's thread overran the hard time limit (tasks/watchdog.py): let go of its
+    claim or lease and send the step again, as if its process had been killed."""
+    run_id, step, holder = running.run_id, running.step, running.holder
+    if running.claimed:
+        with store.begin() as conn:
+            journal_rows.release_claims(conn, run_id, str(holder))
+    else:
+        leases.release(run_id, step, holder)
+    log.error("step %s of run %s overran its time limit: sent again", step, run_id)
+    dispatcher.steps(run_id, [(running.task, step)])
 
 
 def sweep(store: Store, leases: Leases, dispatcher: Dispatcher, stale_after: float) -> int:

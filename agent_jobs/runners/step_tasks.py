@@ -183,18 +183,67 @@ class Beats:
 BEATS = Beats()
 
 
+@dataclass(frozen=True)
+class Running:
+    """A step this process is carrying out, on the thread that runs it."""
+
+    run_id: str
+    step: str
+    task: str  # the step task that carries it out
+    holder: Holder
+    claimed: bool  # its lease is its row's claim, not a Redis lease
+
+
+class RunningSteps:
+    """The steps this process's threads are carrying out, and the ones given up on: a
+    step whose thread overran the hard time limit is sent again, and whatever that
+    thread writes later is refused (its holder is fenced)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_thread: dict[int, Running] = {}
+        self._fenced: set[str] = set()
+        os.register_at_fork(after_in_child=self.__init__)  # type: ignore[misc]
+
+    @contextmanager
+    def track(self, running: Running) -> Iterator[None]:
+        thread = threading.get_ident()
+        with self._lock:
+            self._by_thread[thread] = running
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._by_thread.pop(thread, None)
+
+    def on(self, thread: int) -> bool:
+        """Whether `thread` is carrying out a step now."""
+        with self._lock:
+            return thread in self._by_thread
+
+    def give_up(self, thread: int) -> Running | None:
+        """Fence the step `thread` runs, if any; returns it."""
+        with self._lock:
+            running = self._by_thread.pop(thread, None)
+            if running is not None:
+                self._fenced.add(str(running.holder))
+            return running
+
+    def fenced(self, holder: Holder) -> bool:
+        """Whether the step run under `holder` was given up on (and forget it)."""
+        with self._lock:
+            if str(holder) in self._fenced:
+                self._fenced.discard(str(holder))
+                return True
+            return False
+
+
+RUNNING = RunningSteps()
+
+
 @contextmanager
 def heartbeat(
-    leases: Leases,
-    store: Store,
-    lease: float,
-    run_id: str,
-    step: str,
-    holder: Holder,
-    attempt: int,
-    started: datetime,
-    *,
-    claimed: bool = False,
+    leases: Leases, store: Store, lease: float, running: Running, attempt: int, started: datetime
 ) -> Iterator[None]:
     """While the step runs: keep its lease alive, and show it `started` once it
     has run for a moment (a short delivered step goes from scheduled to done in one commit).
@@ -202,6 +251,7 @@ def heartbeat(
     A `claimed` step's lease is its journal row's (the pass that scheduled it claimed
     it); any other's is in Redis, and the row's lease only keeps the sweep off it.
     """
+    run_id, step, holder, claimed = running.run_id, running.step, running.holder, running.claimed
 
     def keep() -> bool:
         if not claimed:

@@ -152,11 +152,10 @@ def unclaim(conn: Connection, run_id: str, step: str, holder: str) -> bool:
     return result.rowcount == 1
 
 
-def release_claims(conn: Connection, run_id: str, process: str) -> Sequence[Row[Any]]:
-    """Let go of the run's steps claimed by a process that died (`process` names it): the
-    attempt it began stays counted, and whoever is sent the step may take it. Returns
-    the rows let go."""
-    prefix = process + "|"
+def release_claims(conn: Connection, run_id: str, prefix: str) -> Sequence[Row[Any]]:
+    """Let go of the run's steps claimed by holders whose names start with `prefix` (a
+    process that died, or one holder given up on): the attempt begun stays counted, and
+    whoever is sent the step may take it. Returns the rows let go."""
     return conn.execute(
         update(journal)
         .where(
