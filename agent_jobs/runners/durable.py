@@ -16,8 +16,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -45,7 +44,7 @@ from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
 from . import journal_cache, recovery
-from .liveness import Liveness
+from .liveness import Liveness, working_on
 from .replay import DurableHooks, task_for
 from .step_tasks import (
     IN_FLIGHT,
@@ -133,29 +132,13 @@ class DurableRunner:
     def continue_run(self, run_id: str) -> str:
         """`coordinate`, in a worker's task: the step the pass schedules runs here at once
         (of a fan-out, the first member; the others are sent)."""
-        with self._working_on(run_id):
+        with working_on(self.liveness, run_id):
             outcome, kept = self._drive(run_id, None, keep=self._eager)
             if kept is not None:
                 self._chain(run_id, kept)
             else:
                 self._adopt_orphans(run_id)  # this may be the message of a task that died
         return outcome
-
-    @contextmanager
-    def _working_on(self, run_id: str) -> Iterator[None]:
-        """While a task works on the run: if this process dies, another re-drives it. A
-        task cut short by the process going (SystemExit: a pool process killed at its
-        hard time limit is sent SIGTERM first) leaves the run noted, for the taker."""
-        if (liveness := self.liveness) is None:
-            yield
-            return
-        member = liveness.hold(run_id)
-        try:
-            yield
-        except Exception:
-            liveness.let_go(member)
-            raise
-        liveness.let_go(member)
 
     @property
     def _eager(self) -> bool:
@@ -317,7 +300,7 @@ class DurableRunner:
         `RetryLater`: the task adapter hands it to Celery's retry countdown, so no
         worker sleeps.
         """
-        with self._working_on(run_id):
+        with working_on(self.liveness, run_id):
             outcome, kept = self._step(run_id, step, task=task, retries=retries, keep=self._eager)
             if kept is not None:
                 self._chain(run_id, kept)

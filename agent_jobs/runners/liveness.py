@@ -26,7 +26,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import redis
 
@@ -135,3 +136,20 @@ class Liveness:
             self.recover(process, run_ids)
         except Exception:  # the sweep is the backstop
             log.exception("recovering the runs of process %s failed", process)
+
+
+@contextmanager
+def working_on(liveness: Liveness | None, run_id: str) -> Iterator[None]:
+    """While a task works on the run: if this process dies, another re-drives it. A task
+    cut short by the process going (SystemExit: a pool process killed at its hard time
+    limit is sent SIGTERM first) leaves the run noted, for the taker."""
+    if liveness is None:
+        yield
+        return
+    member = liveness.hold(run_id)
+    try:
+        yield
+    except Exception:
+        liveness.let_go(member)
+        raise
+    liveness.let_go(member)
