@@ -105,6 +105,7 @@ class AgentApp:
         approvers: Iterable[str] | None = None,
         name: str | None = None,
         description: str | None = None,
+        queue: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -116,8 +117,12 @@ class AgentApp:
         approvers: Iterable[str] | None = None,
         name: str | None = None,
         description: str | None = None,
+        queue: str | None = None,
     ) -> F | Callable[[F], F]:
-        """Register a function as a tool; its input schema comes from its signature."""
+        """Register a function as a tool; its input schema comes from its signature.
+        With `queue`, the durable runner sends its calls to that broker queue (for a
+        CPU-bound tool: a prefork worker that reads it) instead of running them where
+        the step before ended."""
 
         def register(handler: F) -> F:
             self.registry.add(
@@ -128,6 +133,7 @@ class AgentApp:
                     description=description,
                     roles=roles,
                     approvers=approvers,
+                    queue=queue,
                 )
             )
             return handler

@@ -62,6 +62,12 @@ def routing_config(queue: str | None = None) -> dict[str, Any]:
     }
 
 
+def own_queue(name: str) -> tuple[str, str | None]:
+    """A step's task name as sent (`task` or `task@queue`): the task, and its own queue."""
+    task, _, queue = name.partition("@")
+    return task, queue or None
+
+
 class Dispatcher(Protocol):
     """Enqueues work; called only after the transaction that scheduled it committed."""
 
@@ -71,7 +77,9 @@ class Dispatcher(Protocol):
         self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
     ) -> None:
         """Enqueue remote steps given as (task name, step name); several go as one group.
-        With `countdown`, they are delivered no sooner than that many seconds from now."""
+        A task name `task@queue` goes to that queue (a tool's own); the others to the
+        workers' queue. With `countdown`, they are delivered no sooner than that many
+        seconds from now."""
         ...
 
 
@@ -100,19 +108,27 @@ class CeleryDispatcher:
         if not steps:
             return
         if len(steps) == 1:
-            task, step = steps[0]
-            self.celery.send_task(task, args=[run_id, step], queue=self.queue, countdown=countdown)
+            task, queue = self._route(steps[0][0])
+            args = [run_id, steps[0][1]]
+            self.celery.send_task(task, args=args, queue=queue, countdown=countdown)
             return
         # A fan-out of reads: one group, every member re-drives the run when it ends.
         # No chord: the coordinator itself notices when all have settled.
         signatures: list[Any] = [
-            self.celery.signature(task, args=[run_id, step], queue=self.queue)
-            for task, step in steps
+            self.celery.signature(task, args=[run_id, step], queue=queue)
+            for (task, queue), step in ((self._route(name), step) for name, step in steps)
         ]
         if countdown is None:
             group(signatures).apply_async()
         else:
             group(signatures).apply_async(countdown=countdown)
+
+    def _route(self, name: str) -> tuple[str, str | Queue]:
+        task, queue = own_queue(name)
+        if queue is None:
+            return task, self.queue
+        # On the anonymous exchange too: no binding in Redis to lose.
+        return task, task_queues(queue)[0]
 
     def start_run(self, kwargs: dict[str, Any], *, task_id: str | None = None) -> str:
         result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=self.queue)

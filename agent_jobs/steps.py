@@ -115,6 +115,7 @@ class InvokeTool(Intent):
     call: ToolCall
     offered: list[str]
     answers: dict[str, Any] | None = None
+    queue: str | None = None  # the tool's own broker queue, if it has one
 
 
 class PersistToolExec(Intent):

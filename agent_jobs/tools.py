@@ -95,6 +95,7 @@ class Tool:
         description: str | None = None,
         roles: Iterable[str] | None = None,
         approvers: Iterable[str] | None = None,
+        queue: str | None = None,
     ) -> None:
         if kind not in ("read", "action"):
             raise ConfigurationError(
@@ -108,6 +109,12 @@ class Tool:
         self.description = description or summary
         self.roles = frozenset(roles) if roles is not None else None
         self.approvers = frozenset(approvers) if approvers is not None else None
+        # The broker queue its calls go to in the durable runner (a CPU-bound tool on a
+        # prefork worker of its own); None: the workers' queue, and run where the step
+        # before it ended.
+        if queue is not None and (not queue or not queue.isprintable() or "@" in queue):
+            raise ConfigurationError(f"tool {self.name}: bad queue name {queue!r}")
+        self.queue = queue
         self.input_model, self.wants_ctx = _input_model(handler, self.name, documented)
         self._spec: ToolSpec | None = None
 

@@ -508,6 +508,36 @@ app.agent(
 )
 
 
+# --- a CPU-bound tool on a queue of its own --------------------------------------------------
+
+CPU_QUEUE = "agent_jobs_test_cpu"  # the cluster tests' own broker: no other session's
+
+
+@app.tool(kind="read", queue=CPU_QUEUE)
+def crunch(n: int, ctx: ToolContext) -> dict[str, int]:
+    """Adds up numbers, holding the GIL: run on a prefork worker of its own."""
+    record(ctx.run_id, f"crunch:{os.getpid()}", ctx.idempotency_key)
+    return {"sum": sum(range(n)), "pid": os.getpid()}
+
+
+app.agent(
+    "cruncher",
+    model=CountingModel(
+        [
+            {
+                "tool_calls": [
+                    {"name": "crunch", "args": {"n": 1000}},
+                    {"name": "lookup", "args": {"order_id": "A1"}},
+                ]
+            },
+            {"tool_calls": [{"name": "crunch", "args": {"n": 10}}]},
+            {"text": "crunched"},
+        ]
+    ),
+    tools=["crunch", "lookup"],
+)
+
+
 # --- steps that overrun their time limit ---------------------------------------------------
 
 

@@ -355,3 +355,25 @@ def test_a_pass_reads_only_the_rows_after_those_it_knows_and_sees_other_processe
     assert [j["attempts"] for j in first.store.journal("two-readers")] == [1] * len(
         first.store.journal("two-readers")
     )
+
+
+def test_a_tool_with_a_queue_of_its_own_runs_on_the_worker_of_that_queue(
+    cluster: Cluster,
+) -> None:
+    """A CPU-bound tool goes to a prefork worker of its own, even from a fan-out whose
+    other member runs where the model step ended; the step after it is sent back to the
+    workers' queue, not run on the prefork worker."""
+    main = cluster.worker(concurrency=8, pool="threads")
+    cpu = cluster.worker(concurrency=1, pool="prefork", queues=apps.CPU_QUEUE)
+    run_id = cluster.client.enqueue_run("cruncher", "go", actor="user-7")
+    run = cluster.wait(run_id)
+    assert run.status == "completed" and run.output == "crunched"
+    assert cpu.proc is not None and main.proc is not None
+    crunched = [w for w, _ in apps.executed(run_id) if w.startswith("crunch:")]
+    assert len(crunched) == 2
+    for what in crunched:  # both calls ran in the prefork worker's pool
+        assert os.getpgid(int(what.split(":")[1])) == cpu.proc.pid
+    assert _received(cpu.log(), "invoke_tool") == 2, cpu.log()
+    assert _received(cpu.log(), "model_turn") == 0
+    assert "ran where the last one ended" not in cpu.log()
+    assert _received(main.log(), "invoke_tool") == 0  # the lookup ran in model:1's chain

@@ -28,7 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .. import diagnostics
 from ..app import AgentApp
-from ..dispatch import Dispatcher, ResendingDispatcher
+from ..dispatch import Dispatcher, ResendingDispatcher, own_queue
 from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
 from ..executor import StepEnv, execute_remote
 from ..leases import Holder, Leases
@@ -45,7 +45,7 @@ from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
 from . import journal_cache, recovery
 from .liveness import Liveness, working_on
-from .replay import DurableHooks, task_for
+from .replay import DurableHooks, sent_as
 from .step_tasks import (
     IN_FLIGHT,
     RUNNING,
@@ -55,6 +55,7 @@ from .step_tasks import (
     Running,
     heartbeat,
     model_failed,
+    on_own_queue,
     quiet_events,
     refusal,
 )
@@ -262,9 +263,11 @@ class DurableRunner:
         """Keep the first remote step the pass schedules for this process to run at once:
         its row is written claimed (started, leased to this process), so the claim costs
         nothing beyond the pass's own insert; the other steps are sent."""
-        if not hooks.to_dispatch:
+        # A step with a queue of its own (a CPU-bound tool's) is always sent there.
+        mine = [i for i, (task, _) in enumerate(hooks.to_dispatch) if own_queue(task)[1] is None]
+        if not mine:
             return None
-        task, step = hooks.to_dispatch.pop(0)
+        task, step = hooks.to_dispatch.pop(mine[0])
         [written] = [r for r in hooks.new_rows if r["step"] == step]
         holder = Holder.me()
         journal_rows.claim(written, str(holder), self.settings.step_lease)
@@ -417,6 +420,7 @@ class DurableRunner:
                 )
                 if RUNNING.fenced(holder):  # over the hard time limit: sent again
                     return f"{step} given up on: over its time limit", None
+            keep = keep and not on_own_queue(row)
             outcome, following = self._drive(run_id, completion, keep=keep)
             return f"{step} {completion.state}; {outcome}", following
         except RetryLater as later:
@@ -449,7 +453,7 @@ class DurableRunner:
         env = StepEnv(app=self.app, stream=stream)
         intent = parse_intent(row.intent)
         started = utcnow()
-        running = Running(run_id, step, task_for(intent), holder, claimed)
+        running = Running(run_id, step, sent_as(intent), holder, claimed)
         lease = self.settings.step_lease
         with (
             heartbeat(self.leases, self.store, lease, running, attempt, started),

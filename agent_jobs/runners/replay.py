@@ -49,6 +49,13 @@ def task_for(intent: Intent) -> str:
     raise TypeError(f"{type(intent).__name__} is not a remote step")
 
 
+def sent_as(intent: Intent) -> str:
+    """The task name a remote intent is sent as: with `@queue` when it has a queue of its
+    own (dispatch.own_queue)."""
+    queue = getattr(intent, "queue", None)
+    return f"{task_for(intent)}@{queue}" if queue else task_for(intent)
+
+
 @dataclass
 class _Parked:
     """Where a suspended pass left the run."""
@@ -163,8 +170,12 @@ class DurableHooks(LoopHooks):
             raise self._wait(call.name)
         intent = call.intent
         if intent.remote:
+            if isinstance(intent, InvokeTool) and intent.call.name in self.env.app.registry:
+                queue = self.env.app.registry.get(intent.call.name).queue
+                if queue is not None:  # recorded, so that every re-send goes there too
+                    intent = intent.model_copy(update={"queue": queue})
             self._record(call.name, "scheduled", dump(intent))
-            self.to_dispatch.append((task_for(intent), call.name))
+            self.to_dispatch.append((sent_as(intent), call.name))
             raise self._wait(call.name)
         result = dump(execute_local(intent, self.conn, self.env, call.name))
         self._record(call.name, "done", dump(intent), result)

@@ -64,6 +64,12 @@ def quiet_events(
     yield lambda outcome: None
 
 
+def on_own_queue(row: Any) -> bool:
+    """Whether the step went to a queue of its own (a tool's): the step after it is
+    sent, not run on that queue's worker."""
+    return isinstance(row.intent, dict) and bool(row.intent.get("queue"))
+
+
 def refusal(row: Any, step: str, task: str) -> str | None:
     """Why a delivered step task must leave this journal row alone, or None to run it."""
     if row is None:
