@@ -110,7 +110,8 @@ class CeleryDispatcher:
         if len(steps) == 1:
             task, queue = self._route(steps[0][0])
             args = [run_id, steps[0][1]]
-            self.celery.send_task(task, args=args, queue=queue, countdown=countdown)
+            # Celery takes a Queue where its stubs say str.
+            self.celery.send_task(task, args=args, queue=queue, countdown=countdown)  # type: ignore[arg-type]
             return
         # A fan-out of reads: one group, every member re-drives the run when it ends.
         # No chord: the coordinator itself notices when all have settled.
