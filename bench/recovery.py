@@ -1,6 +1,6 @@
 """How fast a step whose worker died runs again: SIGKILL to the step's next start.
 
-    .venv/bin/python -m bench.recovery [--repeat 3]
+    .venv/bin/python -m bench.recovery [--repeat 3] [--pool prefork|threads]
 
 With the shipped settings (lease 30 s, sweep every 30 s, stale after 60 s), on a
 database and a `redis-server` of its own:
@@ -8,7 +8,9 @@ database and a `redis-server` of its own:
 - child: the pool process running a tool step is SIGKILLed; its worker lives on, and
   Celery hands the message back (`task_reject_on_worker_lost`).
 - worker: the whole worker (main process and pool) is SIGKILLed while a second worker
-  is up; nothing hands the message back, the sweep finds the step.
+  is up; nothing hands the message back: the other worker sees that the dead one's
+  processes stopped beating (runners/liveness.py). On a threads pool a worker is one
+  process: only this case is measured.
 
 Each figure is the time from the SIGKILL to the step's next start, as the tool itself
 records it in the database.
@@ -75,6 +77,7 @@ def main() -> None:
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--timeout", type=float, default=150)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--pool", choices=["prefork", "threads"], default="prefork")
     args = parser.parse_args()
 
     url = fresh_database(args.pg, "agent_jobs_bench_recovery")
@@ -91,12 +94,15 @@ def main() -> None:
     procs: list[Process] = [start_beat(env, tmp)]
     figures: dict[str, Any] = {}
     try:
-        workers = [start_worker(env, concurrency=2, name="a")]
+        workers = [start_worker(env, concurrency=2, name="a", pool=args.pool)]
         procs.extend(workers)
-        figures["child"] = [one(client, "child", workers, args.timeout) for _ in range(args.repeat)]
+        if args.pool == "prefork":
+            figures["child"] = [
+                one(client, "child", workers, args.timeout) for _ in range(args.repeat)
+            ]
         figures["worker"] = []
         for i in range(args.repeat):
-            spare = start_worker(env, concurrency=2, name=f"spare{i}")
+            spare = start_worker(env, concurrency=2, name=f"spare{i}", pool=args.pool)
             procs.append(spare)
             workers.append(spare)
             figures["worker"].append(one(client, "worker", workers, args.timeout))

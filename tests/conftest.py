@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 
 from .redis_server import RedisServer
+from .workers import TEST_POOLS, use_pool
 
 # A queue of this test session's own for the shared and crash-test workers: two pytest
 # runs on one machine's Redis never take each other's tasks.
@@ -113,15 +114,28 @@ def durable_broker(redis_url: str) -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def durable_workers(pg_url: str, durable_broker: str) -> Iterator[object]:
-    """Eight worker processes shared by the durable scenario tests."""
-    from .workers import service_env, start_worker
+def _queue_of(pool: str) -> str:
+    """The shared workers' queue: each pool's workers read their own."""
+    return SESSION_QUEUE if pool == TEST_POOLS[0] else f"{SESSION_QUEUE}_{pool}"
 
-    env = service_env(durable_broker, pg_url, AGENT_JOBS_QUEUE=SESSION_QUEUE)
-    proc = start_worker(env, concurrency=8, name="shared")
-    yield proc
-    proc.stop()
+
+@pytest.fixture(scope="session")
+def shared_workers(pg_url: str, durable_broker: str) -> Iterator[Callable[[str], object]]:
+    """Eight worker processes on a pool, shared by the durable scenario tests: started
+    when a test first needs them, and kept for the session."""
+    from .workers import Process, service_env, start_worker
+
+    started: dict[str, Process] = {}
+
+    def on(pool: str) -> Process:
+        if pool not in started:
+            env = service_env(durable_broker, pg_url, AGENT_JOBS_QUEUE=_queue_of(pool))
+            started[pool] = start_worker(env, concurrency=8, name=f"shared-{pool}", pool=pool)
+        return started[pool]
+
+    yield on
+    for proc in started.values():
+        proc.stop()
 
 
 def _truncate(url: str) -> None:
@@ -149,9 +163,11 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
             )
             return
         broker = request.getfixturevalue("durable_broker")
-        request.getfixturevalue("durable_workers")
-        celery = celery_client(broker, SESSION_QUEUE)
-        settings = Settings(broker_url=broker, database_url=pg_url, queue=SESSION_QUEUE)
+        pool = kind.partition("-")[2] or TEST_POOLS[0]
+        request.getfixturevalue("shared_workers")(pool)
+        queue = _queue_of(pool)
+        celery = celery_client(broker, queue)
+        settings = Settings(broker_url=broker, database_url=pg_url, queue=queue)
         client = Client(store, apps.app, settings, CeleryDispatcher(celery))
         streams = RedisStreams.from_url(broker)
         try:
@@ -163,7 +179,11 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
         store.engine.dispose()
 
 
-@pytest.fixture(params=["inline", "durable"])
+# The durable runner on each pool the tests run on: "durable" is the first's.
+HARNESSES = ["inline", "durable", *(f"durable-{pool}" for pool in TEST_POOLS[1:])]
+
+
+@pytest.fixture(params=HARNESSES)
 def harness(
     request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[object]:
@@ -188,10 +208,30 @@ def both_harnesses(
         yield inline, durable
 
 
+@pytest.fixture(params=TEST_POOLS)
+def worker_pool(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The pool of the workers a test starts without naming one: each such test runs on
+    every pool of `TEST_POOLS`."""
+    use_pool(request.param)
+    yield request.param
+    use_pool(TEST_POOLS[0])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that names its workers' pools runs once, on the first pool's parameter."""
+    for item in list(items):
+        spec = getattr(item, "callspec", None)
+        pool = spec.params.get("worker_pool") if spec is not None else None
+        if pool not in (None, TEST_POOLS[0]) and item.get_closest_marker("pools_named"):
+            items.remove(item)
+
+
 @pytest.fixture
-def cluster(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+def cluster(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker_pool: str
+) -> Iterator[object]:
     """Workers and beat of the test's own, on a `redis-server` of its own: crash tests
-    kill the workers, flush the broker and restart it."""
+    kill the workers, flush the broker and restart it. It runs on each pool."""
     from .cluster import Cluster
 
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)

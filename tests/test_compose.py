@@ -21,6 +21,7 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 OURS = {
     "migrate": ["agent-jobs", "db", "upgrade"],
     "worker": ["celery", "-A", "tasks", "--quiet", "worker"],
+    "worker-cpu": ["celery", "-A", "tasks", "--quiet", "worker"],
     "beat": ["celery", "-A", "tasks", "--quiet", "beat"],
     "listener": ["agent-jobs", "approvals", "listen"],
     "flower": ["celery", "-A", "tasks", "flower"],
@@ -70,9 +71,16 @@ def test_each_long_running_service_has_a_health_check(service: str) -> None:
         assert help_exit_code(command).returncode == 0
 
 
+def test_the_worker_serves_llm_shaped_work_and_cpu_bound_tools_have_their_own() -> None:
+    worker, cpu = SERVICES["worker"]["command"], SERVICES["worker-cpu"]["command"]
+    assert "--pool=threads" in worker and "--concurrency=100" in worker
+    assert "--pool=prefork" in cpu and "--queues=agent_jobs_cpu" in cpu
+    assert SERVICES["worker-cpu"]["profiles"] == ["cpu"]
+
+
 def test_services_wait_for_what_they_need() -> None:
     assert SERVICES["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for service in ("worker", "listener"):
+    for service in ("worker", "worker-cpu", "listener"):
         needs = SERVICES[service]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully"
         assert needs["redis"]["condition"] == "service_healthy"

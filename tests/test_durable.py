@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -148,6 +149,12 @@ def test_a_non_deterministic_replay_fails_the_run_clearly(cluster: Cluster) -> N
     new = cluster.worker()
     run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
     cluster.wait_step(run_id, "approval:call_2", "waiting")
+    # Stopped once idle: a task cut short by the stop would have its run re-driven by
+    # the next worker (it recovers what a dead process worked on) before the decision.
+    deadline = time.monotonic() + 10
+    while not re.search(r"awaiting_approval refund call_2\n(.*\n)*.*succeeded in", new.log()):
+        assert time.monotonic() < deadline, new.log()
+        time.sleep(0.05)
     new.stop()
     # Code that takes the other shape resumes a run recorded under this one.
     cluster.worker(AGENT_JOBS_DISABLED_PATCHES="agent:parallel-tools")

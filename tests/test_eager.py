@@ -274,6 +274,7 @@ def test_a_redelivered_task_sends_the_steps_a_dead_process_held(local: Any) -> N
     assert recorder.sent == []
 
 
+@pytest.mark.pools_named
 def test_a_threads_worker_keeps_a_database_connection_for_each_task_it_runs_at_once(
     cluster: Cluster,
 ) -> None:
@@ -357,6 +358,7 @@ def test_a_pass_reads_only_the_rows_after_those_it_knows_and_sees_other_processe
     )
 
 
+@pytest.mark.pools_named
 def test_a_tool_with_a_queue_of_its_own_runs_on_the_worker_of_that_queue(
     cluster: Cluster,
 ) -> None:

@@ -52,14 +52,13 @@ def _worker_of(cluster: Cluster, pid: int) -> Process:
     return worker
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_step_whose_whole_worker_was_killed_runs_again_within_seconds(
-    cluster: Cluster, pool: str
+    cluster: Cluster,
 ) -> None:
     """Nobody sees the worker die (its main process goes too): another worker notices it
     stopped beating. With the shipped lease and sweep, the sweep alone takes a minute."""
     for _ in range(2):
-        cluster.worker(concurrency=2, pool=pool, **SHIPPED)
+        cluster.worker(concurrency=2, **SHIPPED)
     for _ in range(2):
         run_id = cluster.client.enqueue_run("held", "go", actor="user-7")
         pid, _ = apps.wait_held_starts(run_id, 1, 30)[0]
@@ -75,9 +74,10 @@ def test_a_step_whose_whole_worker_was_killed_runs_again_within_seconds(
         step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
         assert step["state"] == "done" and step["attempts"] == 2
         assert apps.executed(run_id).count(("held", f"{run_id}:tool:call_1")) == 1
-        cluster.worker(concurrency=2, pool=pool, **SHIPPED)  # two up again
+        cluster.worker(concurrency=2, **SHIPPED)  # two up again
 
 
+@pytest.mark.pools_named  # no worker: the cluster's Redis alone
 def test_a_process_silent_past_the_timeout_is_taken_once_with_its_runs(
     cluster: Cluster,
 ) -> None:
@@ -96,6 +96,7 @@ def test_a_process_silent_past_the_timeout_is_taken_once_with_its_runs(
     assert client.exists("agent_jobs:holds:m|1|a") == 0
 
 
+@pytest.mark.pools_named
 def test_after_a_redis_outage_a_process_takes_nobody_until_it_has_beaten_a_timeout(
     cluster: Cluster,
 ) -> None:
@@ -119,6 +120,7 @@ def test_after_a_redis_outage_a_process_takes_nobody_until_it_has_beaten_a_timeo
     assert recovered == [("m|9|z", {"run-9"})]
 
 
+@pytest.mark.pools_named
 def test_a_gone_process_of_this_machine_is_taken_as_a_worker_starts(cluster: Cluster) -> None:
     """A worker restarted on the same machine recovers at once the one that died."""
     client = redis.Redis.from_url(cluster.broker)

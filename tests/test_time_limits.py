@@ -1,11 +1,10 @@
-"""A step's time limits hold on every pool we recommend: Celery enforces them on prefork,
-the watchdog (tasks/watchdog.py) on a threads pool, where Celery enforces none."""
+"""A step's time limits hold on every pool we recommend (each test runs on each): Celery
+enforces them on prefork, the watchdog (tasks/watchdog.py) on a threads pool, where
+Celery enforces none."""
 
 from __future__ import annotations
 
 import time
-
-import pytest
 
 from . import apps
 from .cluster import Cluster
@@ -18,11 +17,8 @@ def _starts(run_id: str) -> list[str]:
     return [what for what, _ in apps.executed(run_id) if what.startswith("loop:start:")]
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
-def test_a_step_past_its_soft_time_limit_fails_and_the_run_goes_on(
-    cluster: Cluster, pool: str
-) -> None:
-    cluster.worker(concurrency=2, pool=pool, restart=True, **LIMITS)
+def test_a_step_past_its_soft_time_limit_fails_and_the_run_goes_on(cluster: Cluster) -> None:
+    cluster.worker(concurrency=2, restart=True, **LIMITS)
     started = time.monotonic()
     run_id = cluster.client.enqueue_run("overrun", "go", actor="user-7")
     run = cluster.wait(run_id, timeout=30)
@@ -36,14 +32,13 @@ def test_a_step_past_its_soft_time_limit_fails_and_the_run_goes_on(
     assert len(_starts(run_id)) == 1
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_step_past_its_hard_time_limit_is_given_up_and_sent_again(
-    cluster: Cluster, pool: str
+    cluster: Cluster, worker_pool: str
 ) -> None:
     """The step ignores its soft limit; at the hard one its attempt is given up on (on
     prefork its process is killed; on threads its thread is fenced and interrupted) and
     the step is sent again, until it is a dead letter. No attempt's result is kept."""
-    worker = cluster.worker(concurrency=4, pool=pool, restart=True, **LIMITS)
+    worker = cluster.worker(concurrency=4, restart=True, **LIMITS)
     run_id = cluster.client.enqueue_run("stubborn", "go", actor="user-7")
     run = cluster.wait(run_id, timeout=60)
     assert run.status == "failed" and run.error_type == "StepFailedError"
@@ -52,7 +47,7 @@ def test_a_step_past_its_hard_time_limit_is_given_up_and_sent_again(
     assert ("loop:end", f"{run_id}:tool:call_1") not in apps.executed(run_id)
     step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
     assert step["state"] == "failed" and step["result"] is None
-    if pool == "threads":  # one process throughout: each attempt's thread was let go
+    if worker_pool == "threads":  # one process throughout: each attempt's thread was let go
         assert len({s.rsplit(":", 1)[1] for s in _starts(run_id)}) == 1
         assert worker.restarts == 0
         assert "passed its hard time limit in step tool:call_1" in worker.log()

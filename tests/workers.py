@@ -107,9 +107,17 @@ class Process:
 DEFAULT_QUEUES = "from the environment"
 
 
-# The pool a test's workers run on unless it names one: `TEST_WORKER_POOL=threads` runs
-# the suite's workers on another pool.
-TEST_POOL = os.environ.get("TEST_WORKER_POOL", "prefork")
+# The pools the tests' workers run on, each test that starts workers once on each
+# (conftest's `worker_pool`); `TEST_WORKER_POOL=threads` runs them on that pool alone.
+_ONE_POOL = os.environ.get("TEST_WORKER_POOL")
+TEST_POOLS: tuple[str, ...] = (_ONE_POOL,) if _ONE_POOL else ("prefork", "threads")
+_pool = TEST_POOLS[0]
+
+
+def use_pool(pool: str) -> None:
+    """The pool of the workers started from now on that name none."""
+    global _pool
+    _pool = pool
 
 
 def worker(
@@ -133,7 +141,7 @@ def worker(
         "worker",
         "--loglevel=INFO",
         f"--concurrency={concurrency}",
-        f"--pool={pool or TEST_POOL}",
+        f"--pool={pool or _pool}",
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",

@@ -141,15 +141,17 @@ class Liveness:
 @contextmanager
 def working_on(liveness: Liveness | None, run_id: str) -> Iterator[None]:
     """While a task works on the run: if this process dies, another re-drives it. A task
-    cut short by the process going (SystemExit: a pool process killed at its hard time
-    limit is sent SIGTERM first) leaves the run noted, for the taker."""
+    cut short by the process going (SystemExit on SIGTERM: a pool process killed at its
+    hard time limit is sent one first) leaves the run noted, for the taker."""
     if liveness is None:
         yield
         return
     member = liveness.hold(run_id)
     try:
         yield
-    except Exception:
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:  # an error, or a signal such as a retry later: the task ended
         liveness.let_go(member)
         raise
     liveness.let_go(member)
