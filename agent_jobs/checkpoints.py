@@ -46,6 +46,11 @@ def model(n: int) -> str:
     return f"model:{n}"
 
 
+def model_prefix() -> str:
+    """What every model step's name starts with."""
+    return "model:"
+
+
 def usage(n: int) -> str:
     """The ledger row of model pass `n`."""
     return f"usage:{n}"

@@ -64,3 +64,14 @@ def support_app(model: Any, *, quota: int | None = None, max_steps: int = 8) -> 
         max_steps=max_steps,
     )
     return app
+
+
+def whole_request(journal: Mapping[str, Mapping[str, Any]], step: str) -> dict[str, Any]:
+    """The request a model step was asked with, whole: the durable runner journals it
+    against the run's model step before it (agent_jobs/store/model_requests.py)."""
+    from agent_jobs.store.model_requests import expand
+
+    def earlier(name: str) -> Any:
+        return journal[name]["intent"] if name in journal else None
+
+    return expand(journal[step]["intent"], earlier)["request"]

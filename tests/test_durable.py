@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +25,7 @@ from . import apps
 from .apps import executed
 from .cluster import Cluster
 from .conftest import truncate_all
+from .helpers import whole_request
 
 
 def test_sigkill_during_a_model_step_and_a_tool_step(cluster: Cluster) -> None:
@@ -149,13 +149,7 @@ def test_a_non_deterministic_replay_fails_the_run_clearly(cluster: Cluster) -> N
     new = cluster.worker()
     run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
     cluster.wait_step(run_id, "approval:call_2", "waiting")
-    # Stopped once idle: a task cut short by the stop would have its run re-driven by
-    # the next worker (it recovers what a dead process worked on) before the decision.
-    deadline = time.monotonic() + 10
-    while not re.search(r"awaiting_approval refund call_2\n(.*\n)*.*succeeded in", new.log()):
-        assert time.monotonic() < deadline, new.log()
-        time.sleep(0.05)
-    new.stop()
+    new.stop()  # a warm shutdown: the task that parked the run finishes first
     # Code that takes the other shape resumes a run recorded under this one.
     cluster.worker(AGENT_JOBS_DISABLED_PATCHES="agent:parallel-tools")
     assert cluster.client.approve(run_id, "call_2", actor="alice")
@@ -308,7 +302,7 @@ def test_a_killed_worker_resumes_with_the_batch_it_had_claimed(cluster: Cluster)
     journal = {j["step"]: j for j in cluster.store.journal(run_id)}
     assert journal["prepare:2"]["result"]["claimed"] == ["first steer"]
     assert journal["model:2"]["attempts"] == 2
-    sent = [m["content"] for m in journal["model:2"]["intent"]["request"]["messages"]]
+    sent = [m["content"] for m in whole_request(journal, "model:2")["messages"]]
     assert "first steer" in sent and "second steer" not in sent
     claims = [
         e.data

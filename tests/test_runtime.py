@@ -15,6 +15,7 @@ from agent_jobs.store import Store
 
 from .apps import executed
 from .harness import Harness
+from .helpers import whole_request
 
 
 def journal(h: Harness, run_id: str) -> dict[str, dict[str, Any]]:
@@ -23,8 +24,8 @@ def journal(h: Harness, run_id: str) -> dict[str, dict[str, Any]]:
 
 def request_texts(h: Harness, run_id: str, step: str) -> list[tuple[str, str]]:
     """(role, content) of the messages a model step was asked with."""
-    intent = journal(h, run_id)[step]["intent"]
-    return [(m["role"], m["content"]) for m in intent["request"]["messages"]]
+    request = whole_request(journal(h, run_id), step)
+    return [(m["role"], m["content"]) for m in request["messages"]]
 
 
 # --- the log and the status ---------------------------------------------------------------

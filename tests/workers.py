@@ -94,10 +94,12 @@ class Process:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
+        """SIGTERM to the main process, as `docker compose stop` sends it: a worker's
+        warm shutdown lets its running tasks finish. Killed if it takes too long."""
         self._ended.set()
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        os.kill(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:

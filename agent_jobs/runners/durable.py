@@ -199,6 +199,7 @@ class DurableRunner:
                 if self.before_replay is not None:
                     self.before_replay(run_id)
                 hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)
+                hooks.known_model = self.journal_cache.last_model(run_id, run.created_at)
                 try:
                     turn, deps = turn_for(self.app, run, self.settings)
                     result = run_agent_loop(turn, deps, hooks)
@@ -258,6 +259,8 @@ class DurableRunner:
             return
         new = [SimpleNamespace(**row) for row in hooks.new_rows] if hooks is not None else []
         self.journal_cache.keep(run.run_id, run.created_at, [*rows, *new])
+        for step, intent in hooks.whole.items() if hooks is not None else ():
+            self.journal_cache.keep_model(run.run_id, run.created_at, step, intent)
 
     def _claim(self, run: RunView, hooks: DurableHooks) -> Kept | None:
         """Keep the first remote step the pass schedules for this process to run at once:
@@ -271,9 +274,12 @@ class DurableRunner:
         [written] = [r for r in hooks.new_rows if r["step"] == step]
         holder = Holder.me()
         journal_rows.claim(written, str(holder), self.settings.step_lease)
-        # The row as a step task reads it (`journal.get_with_run`).
+        # The row as a step task reads it (`journal.get_with_run`), its intent whole.
         snapshot = SimpleNamespace(
-            **written, run_status="running", root_run_id=run.root_run_id, thread_id=run.thread_id
+            **{**written, "intent": hooks.whole_intent(step)},
+            run_status="running",
+            root_run_id=run.root_run_id,
+            thread_id=run.thread_id,
         )
         return Kept(task, step, snapshot, holder)
 
@@ -389,7 +395,7 @@ class DurableRunner:
                 row, refused = kept.row, None  # written by the pass just now, under its lock
             else:
                 with self.store.connect() as conn:
-                    row = journal_rows.get_with_run(conn, run_id, step)
+                    row = journal_rows.get_with_whole_intent(conn, run_id, step)
                 refused = refusal(row, step, task)
             if refused is not None:
                 if (

@@ -10,7 +10,9 @@ needed, since nothing the cache holds can have changed.
 
 Entries are keyed by the run and its creation time (a run id written again, after a
 database was emptied, is another run), dropped when the run ends, and the oldest is
-evicted beyond `capacity` runs.
+evicted beyond `capacity` runs. Beside it, the whole request of the last model step a
+pass here scheduled for each run: the next model step's is journaled against it
+(store/model_requests.py), and the journal holds it only in part.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ class JournalCache:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._runs: OrderedDict[tuple[str, datetime], list[Any]] = OrderedDict()
+        self._models: OrderedDict[tuple[str, datetime], tuple[str, Any]] = OrderedDict()
+
+    def last_model(self, run_id: str, created_at: datetime) -> tuple[str, Any] | None:
+        """(step, whole intent) of the last model step a pass here scheduled for the run."""
+        with self._lock:
+            return self._models.get((run_id, created_at))
+
+    def keep_model(self, run_id: str, created_at: datetime, step: str, intent: Any) -> None:
+        key = (run_id, created_at)
+        with self._lock:
+            self._models[key] = (step, intent)
+            self._models.move_to_end(key)
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
 
     def prefix(self, run_id: str, created_at: datetime) -> list[Any]:
         """The run's final rows at positions 1…n as known here ([] when none)."""
@@ -61,6 +77,7 @@ class JournalCache:
     def drop(self, run_id: str, created_at: datetime) -> None:
         with self._lock:
             self._runs.pop((run_id, created_at), None)
+            self._models.pop((run_id, created_at), None)
 
 
 def after(prefix: Sequence[Any]) -> int:

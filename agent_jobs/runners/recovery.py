@@ -10,12 +10,11 @@ from datetime import timedelta
 
 from ..dispatch import Dispatcher
 from ..leases import SEP, Holder, Leases
-from ..steps import parse_intent
 from ..store import Store
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
-from .replay import sent_as
+from .replay import sent_as_journaled
 from .step_tasks import Running
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ def adopt_orphans(store: Store, leases: Leases, dispatcher: Dispatcher, run_id: 
     claimed = {r.step: Holder.parse(r.holder) for r in flying if r.holder is not None}
     dead = {step for step, holder in claimed.items() if holder is not None and holder.gone()}
     dead |= leases.orphaned(run_id, [r.step for r in flying if r.step not in claimed])
-    orphans = [(sent_as(parse_intent(r.intent)), r.step) for r in flying if r.step in dead]
+    orphans = [(sent_as_journaled(r.intent), r.step) for r in flying if r.step in dead]
     if orphans:
         log.info("run %s: re-sending %s, whose process died", run_id, orphans)
         dispatcher.steps(run_id, orphans)
@@ -57,7 +56,7 @@ def recover_process(
         others = [r for r in flying if r.step not in released and r.holder is None]
         for step in leases.unheld(run_id, [r.step for r in others], prefix):
             released[step] = next(r.intent for r in others if r.step == step)
-        steps = [(sent_as(parse_intent(intent)), step) for step, intent in released.items()]
+        steps = [(sent_as_journaled(intent), step) for step, intent in released.items()]
         log.info("run %s: process %s stopped beating; re-sending %s", run_id, process, steps)
         if steps:
             dispatcher.steps(run_id, steps)
@@ -90,9 +89,7 @@ def sweep(store: Store, leases: Leases, dispatcher: Dispatcher, stale_after: flo
             run_rows.touch(conn, run_id)
         running = leases.held(run_id, [row.step for row in stranded])
         steps = [
-            (sent_as(parse_intent(row.intent)), row.step)
-            for row in stranded
-            if row.step not in running
+            (sent_as_journaled(row.intent), row.step) for row in stranded if row.step not in running
         ]
         if steps:
             log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)

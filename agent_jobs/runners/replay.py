@@ -30,8 +30,8 @@ from ..hooks import (
     StepCall,
     settle,
 )
-from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump
-from ..store import RunView
+from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
+from ..store import RunView, model_requests
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from . import waits
@@ -47,6 +47,13 @@ def task_for(intent: Intent) -> str:
     if isinstance(intent, InvokeTool):
         return INVOKE_TOOL
     raise TypeError(f"{type(intent).__name__} is not a remote step")
+
+
+def sent_as_journaled(intent: Any) -> str:
+    """`sent_as`, of an intent as the journal holds it (a model step's may be partial)."""
+    if model_requests.is_model_turn(intent):
+        return MODEL_TURN
+    return sent_as(parse_intent(intent))
 
 
 def sent_as(intent: Intent) -> str:
@@ -89,6 +96,9 @@ class DurableHooks(LoopHooks):
         self.resumed = False  # whether this pass resumed the run from a human wait
         self.in_block = False  # inside a fan-out: steps are found by name
         self.block_end = 0  # the last position a fan-out's steps took
+        self.whole: dict[str, dict[str, Any]] = {}  # new model steps' whole intents
+        # (step, whole intent) of the last model step this process scheduled, if known.
+        self.known_model: tuple[str, Any] | None = None
 
     def park(self) -> str:
         """The pass suspended: record what the run now waits on; returns the outcome."""
@@ -105,6 +115,29 @@ class DurableHooks(LoopHooks):
         if parked.status == "running":
             return "waiting " + " ".join(parked.labels)
         return " ".join(parked.labels)
+
+    def whole_intent(self, step: str) -> Any:
+        """A new step's intent, whole (a model step's is journaled against the one
+        before)."""
+        if step in self.whole:
+            return self.whole[step]
+        return next(r["intent"] for r in self.new_rows if r["step"] == step)
+
+    def _last_model_turn(self) -> tuple[str, Any] | None:
+        """(step, whole intent) of the run's latest model step before this one: as this
+        process scheduled it, or from the journal."""
+        recorded = [
+            row
+            for row in self.by_seq.values()
+            if not isinstance(row, _Marker) and row.step.startswith(names.model_prefix())
+        ]
+        if not recorded:
+            return None
+        step = max(recorded, key=lambda row: row.seq).step
+        if self.known_model is not None and self.known_model[0] == step:
+            return self.known_model
+        intent = journal_rows.whole_model_intent(self.conn, self.run.run_id, step)
+        return (step, intent) if intent is not None else None
 
     # --- positions ---------------------------------------------------------------------
 
@@ -174,7 +207,11 @@ class DurableHooks(LoopHooks):
                 queue = self.env.app.registry.get(intent.call.name).queue
                 if queue is not None:  # recorded, so that every re-send goes there too
                     intent = intent.model_copy(update={"queue": queue})
-            self._record(call.name, "scheduled", dump(intent))
+            recorded = dump(intent)
+            if isinstance(intent, ModelTurn):  # journaled as what changed since the last
+                self.whole[call.name] = recorded
+                recorded = model_requests.slim(recorded, self._last_model_turn())
+            self._record(call.name, "scheduled", recorded)
             self.to_dispatch.append((sent_as(intent), call.name))
             raise self._wait(call.name)
         result = dump(execute_local(intent, self.conn, self.env, call.name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -23,6 +24,7 @@ from sqlalchemy import (
 from . import events as event_rows
 from .db import insert_unless_exists, utcnow
 from .events import PendingEvent
+from .model_requests import expand
 from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
@@ -191,6 +193,32 @@ def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
 def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
     """A step's row with its run's status and top-level run, in one query."""
     return conn.execute(_WITH_RUN, {"run_id": run_id, "step": step}).first()
+
+
+def get_with_whole_intent(conn: Connection, run_id: str, step: str) -> Any | None:
+    """`get_with_run`, a model step's intent whole: journaled against the run's model
+    step before it (runners/model_requests.py), it is completed from the run's earlier
+    model intents, read in one more query."""
+    row = get_with_run(conn, run_id, step)
+    if row is None or not (isinstance(row.intent, dict) and "since" in row.intent):
+        return row
+    whole = expand(row.intent, _model_intents(conn, run_id, before=row.seq).get)
+    return SimpleNamespace(**{**row._asdict(), "intent": whole})
+
+
+def whole_model_intent(conn: Connection, run_id: str, step: str) -> Any | None:
+    """A model step's intent, whole, from the run's model intents as journaled."""
+    intents = _model_intents(conn, run_id)
+    return expand(intents[step], intents.get) if step in intents else None
+
+
+def _model_intents(conn: Connection, run_id: str, *, before: int | None = None) -> dict[str, Any]:
+    query = select(journal.c.step, journal.c.intent).where(
+        journal.c.run_id == run_id, journal.c.intent["type"].as_string() == "model_turn"
+    )
+    if before is not None:
+        query = query.where(journal.c.seq < before)
+    return {row.step: row.intent for row in conn.execute(query)}
 
 
 def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence[Row[Any]]:

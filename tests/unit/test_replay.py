@@ -29,6 +29,7 @@ from agent_jobs.runners.replay import DurableHooks
 from agent_jobs.runners.turn import turn_for
 from agent_jobs.settings import Settings
 from agent_jobs.store import RunView
+from agent_jobs.store.model_requests import expand
 from agent_jobs.streams.base import MemoryStreams, RunStream
 from tests import apps
 
@@ -347,8 +348,14 @@ def test_a_wait_for_a_decision_parks_the_run_awaiting_approval() -> None:
 
 
 def test_a_missing_remote_step_is_scheduled_without_touching_the_database() -> None:
+    """The process that scheduled model:1 knows its whole request: model:2's is journaled
+    against it with no read."""
     data = fixture("planner")
+    earlier = hooks_for(data, _cut(data, "model:1"), status="running")
+    with pytest.raises(Suspend):
+        replay(earlier)  # the pass that scheduled model:1
     hooks = hooks_for(data, _cut(data, "model:2"), status="running")
+    hooks.known_model = ("model:1", earlier.whole_intent("model:1"))
     with pytest.raises(Suspend):
         replay(hooks)
     assert hooks.to_dispatch == [(MODEL_TURN, "model:2")]
@@ -358,6 +365,19 @@ def test_a_missing_remote_step_is_scheduled_without_touching_the_database() -> N
         seq_of(data, "model:2"),
         "scheduled",
     )
+    # Journaled as what changed since model:1; the step that calls the model gets it whole.
+    assert new["intent"]["since"]["step"] == "model:1"
+    journaled = {"model:1": earlier.new_rows[-1]["intent"], "model:2": new["intent"]}
+    assert expand(new["intent"], journaled.get) == hooks.whole_intent("model:2")
+    whole = hooks.whole_intent("model:2")["request"]["messages"]
+    assert len(new["intent"]["request"]["messages"]) < len(whole)
+
+
+def test_a_model_step_this_process_did_not_schedule_reads_the_one_before() -> None:
+    data = fixture("planner")
+    hooks = hooks_for(data, _cut(data, "model:2"), status="running")
+    with pytest.raises(ConnectionUsed, match=r"conn\.execute"):
+        replay(hooks)
 
 
 def test_a_failed_step_fails_the_turn() -> None:
