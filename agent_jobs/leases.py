@@ -104,35 +104,31 @@ return 0
 """
 
 
-# A process beats: it is alive now. With ARGV[3] = 1 it also takes the processes silent for
-# more than ARGV[2] ms (each removed, so exactly one caller takes it), with what they held.
-_BEAT = """
+# Take processes, each removed from the set so exactly one caller takes it, with the runs
+# they held: those silent for more than ARGV[2] ms (-1: none), and those named after
+# ARGV[4] (known to be gone). With ARGV[1], that process beats first: it is alive now.
+_TAKE_PROCESSES = """
 local now = redis.call('time')
 now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('zadd', KEYS[1], now, ARGV[1])
-redis.call('expire', ARGV[4] .. ARGV[1], ARGV[5])
-local taken = {}
-if ARGV[3] == '1' then
-  local silent = redis.call('zrangebyscore', KEYS[1], '-inf', now - tonumber(ARGV[2]),
-                            'LIMIT', 0, 20)
-  for _, process in ipairs(silent) do
-    if redis.call('zrem', KEYS[1], process) == 1 then
-      table.insert(taken, process)
-      table.insert(taken, redis.call('smembers', ARGV[4] .. process))
-      redis.call('del', ARGV[4] .. process)
-    end
-  end
+local holds = ARGV[3]
+if ARGV[1] ~= '' then
+  redis.call('zadd', KEYS[1], now, ARGV[1])
+  redis.call('expire', holds .. ARGV[1], ARGV[4])
 end
-return taken
-"""
-# Take the named processes (known to be gone), with what they held, if nobody took them.
-_TAKE_PROCESSES = """
+local candidates = {}
+if tonumber(ARGV[2]) >= 0 then
+  candidates = redis.call('zrangebyscore', KEYS[1], '-inf', now - tonumber(ARGV[2]),
+                          'LIMIT', 0, 20)
+end
+for i = 5, #ARGV do
+  table.insert(candidates, ARGV[i])
+end
 local taken = {}
-for _, process in ipairs(ARGV) do
+for _, process in ipairs(candidates) do
   if redis.call('zrem', KEYS[1], process) == 1 then
     table.insert(taken, process)
-    table.insert(taken, redis.call('smembers', KEYS[2] .. process))
-    redis.call('del', KEYS[2] .. process)
+    table.insert(taken, redis.call('smembers', holds .. process))
+    redis.call('del', holds .. process)
   end
 end
 return taken
@@ -234,7 +230,6 @@ class Leases:
         self._refresh = client.register_script(_REFRESH)
         self._release = client.register_script(_RELEASE)
         self._release_dead = client.register_script(_RELEASE_DEAD)
-        self._beat = client.register_script(_BEAT)
         self._take_processes = client.register_script(_TAKE_PROCESSES)
 
     @classmethod
@@ -298,17 +293,15 @@ class Leases:
     def beat(self, process: str, *, silent_for: float, take: bool) -> dict[str, set[str]]:
         """Say that `process` lives; with `take`, also take the processes that have not
         said so for `silent_for` seconds: {process: the runs it was working on}."""
-        taken = self._beat(
-            keys=[PROCESSES_KEY],
-            args=[process, _ms(silent_for), "1" if take else "0", HOLDS_PREFIX, HOLDS_TTL],
-        )
-        return _taken(taken)
+        return self._take_dead(process, _ms(silent_for) if take else -1, [])
 
     def take_processes(self, processes: list[str]) -> dict[str, set[str]]:
         """Take the named processes, known to be gone, unless another caller did."""
-        if not processes:
-            return {}
-        return _taken(self._take_processes(keys=[PROCESSES_KEY, HOLDS_PREFIX], args=processes))
+        return self._take_dead("", -1, processes) if processes else {}
+
+    def _take_dead(self, beating: str, silent_ms: int, named: list[str]) -> dict[str, set[str]]:
+        args: list[str | int] = [beating, silent_ms, HOLDS_PREFIX, HOLDS_TTL, *named]
+        return _taken(self._take_processes(keys=[PROCESSES_KEY], args=args))
 
     def processes(self) -> list[str]:
         """Every process that beats or did, until it is taken."""

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -31,18 +32,24 @@ def test_a_step_whose_process_was_killed_runs_again_within_seconds(cluster: Clus
     cluster.worker(concurrency=2, restart=True, **SHIPPED)
     cluster.worker(concurrency=2, restart=True, **SHIPPED)
     for _ in range(5):
-        run_id = cluster.client.enqueue_run("held", "go", actor="user-7")
-        pid, _ = apps.wait_held_starts(run_id, 1, 30)[0]
-        time.sleep(0.3)
-        killed = time.time()
-        os.kill(pid, signal.SIGKILL)
-        (_, again) = apps.wait_held_starts(run_id, 2, 10)[1]
-        assert again - killed < 5, f"the step ran again {again - killed:.1f}s after the kill"
-        run = cluster.wait(run_id, timeout=30)
-        assert run.status == "completed" and run.output == "held done"
-        step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
-        assert step["state"] == "done" and step["attempts"] == 2
-        assert apps.executed(run_id).count(("held", f"{run_id}:tool:call_1")) == 1
+        _kill_and_see_it_run_again(cluster, lambda pid: os.kill(pid, signal.SIGKILL))
+
+
+def _kill_and_see_it_run_again(cluster: Cluster, kill: Callable[[int], None]) -> None:
+    """Start a run, `kill` the process running its step, and see the step run again
+    within 5 s, once to its end."""
+    run_id = cluster.client.enqueue_run("held", "go", actor="user-7")
+    pid, _ = apps.wait_held_starts(run_id, 1, 30)[0]
+    time.sleep(0.3)
+    killed = time.time()
+    kill(pid)
+    (_, again) = apps.wait_held_starts(run_id, 2, 15)[1]
+    assert again - killed < 5, f"the step ran again {again - killed:.1f}s after the kill"
+    run = cluster.wait(run_id, timeout=30)
+    assert run.status == "completed" and run.output == "held done"
+    step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
+    assert step["state"] == "done" and step["attempts"] == 2
+    assert apps.executed(run_id).count(("held", f"{run_id}:tool:call_1")) == 1
 
 
 def _worker_of(cluster: Cluster, pid: int) -> Process:
@@ -59,21 +66,14 @@ def test_a_step_whose_whole_worker_was_killed_runs_again_within_seconds(
     stopped beating. With the shipped lease and sweep, the sweep alone takes a minute."""
     for _ in range(2):
         cluster.worker(concurrency=2, **SHIPPED)
-    for _ in range(2):
-        run_id = cluster.client.enqueue_run("held", "go", actor="user-7")
-        pid, _ = apps.wait_held_starts(run_id, 1, 30)[0]
-        time.sleep(0.3)
-        killed = time.time()
+
+    def kill_its_worker(pid: int) -> None:
         dead = _worker_of(cluster, pid)
         dead.kill()
         cluster.procs.remove(dead)
-        (_, again) = apps.wait_held_starts(run_id, 2, 15)[1]
-        assert again - killed < 5, f"the step ran again {again - killed:.1f}s after the kill"
-        run = cluster.wait(run_id, timeout=30)
-        assert run.status == "completed" and run.output == "held done"
-        step = {j["step"]: j for j in cluster.store.journal(run_id)}["tool:call_1"]
-        assert step["state"] == "done" and step["attempts"] == 2
-        assert apps.executed(run_id).count(("held", f"{run_id}:tool:call_1")) == 1
+
+    for _ in range(2):
+        _kill_and_see_it_run_again(cluster, kill_its_worker)
         cluster.worker(concurrency=2, **SHIPPED)  # two up again
 
 

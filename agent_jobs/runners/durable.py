@@ -462,8 +462,8 @@ class DurableRunner:
         running = Running(run_id, step, sent_as(intent), holder, claimed)
         lease = self.settings.step_lease
         with (
-            heartbeat(self.leases, self.store, lease, running, attempt, started),
-            RUNNING.track(running),
+            heartbeat(self.leases, self.store, lease, running, attempt, started) as beat,
+            RUNNING.track(running, beat),
         ):
             try:
                 result = dump(execute_remote(intent, env, step))

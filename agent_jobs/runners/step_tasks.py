@@ -207,15 +207,17 @@ class RunningSteps:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_thread: dict[int, Running] = {}
+        self._by_thread: dict[int, tuple[Running, int | None]] = {}
         self._fenced: set[str] = set()
         os.register_at_fork(after_in_child=self.__init__)  # type: ignore[misc]
 
     @contextmanager
-    def track(self, running: Running) -> Iterator[None]:
+    def track(self, running: Running, beat: int | None = None) -> Iterator[None]:
+        """The calling thread carries out `running`, its lease kept by the heartbeat
+        `beat` (a key of `BEATS`)."""
         thread = threading.get_ident()
         with self._lock:
-            self._by_thread[thread] = running
+            self._by_thread[thread] = (running, beat)
         try:
             yield
         finally:
@@ -228,12 +230,17 @@ class RunningSteps:
             return thread in self._by_thread
 
     def give_up(self, thread: int) -> Running | None:
-        """Fence the step `thread` runs, if any; returns it."""
+        """Fence the step `thread` runs, if any, and stop its heartbeat (which would
+        otherwise take its lease back once it is let go of); returns the step."""
         with self._lock:
-            running = self._by_thread.pop(thread, None)
-            if running is not None:
-                self._fenced.add(str(running.holder))
-            return running
+            tracked = self._by_thread.pop(thread, None)
+            if tracked is None:
+                return None
+            running, beat = tracked
+            self._fenced.add(str(running.holder))
+        if beat is not None:
+            BEATS.remove(beat)  # returns once a beat in progress has finished
+        return running
 
     def fenced(self, holder: Holder) -> bool:
         """Whether the step run under `holder` was given up on (and forget it)."""
@@ -250,7 +257,7 @@ RUNNING = RunningSteps()
 @contextmanager
 def heartbeat(
     leases: Leases, store: Store, lease: float, running: Running, attempt: int, started: datetime
-) -> Iterator[None]:
+) -> Iterator[int]:
     """While the step runs: keep its lease alive, and show it `started` once it
     has run for a moment (a short delivered step goes from scheduled to done in one commit).
 
@@ -284,7 +291,7 @@ def heartbeat(
 
     key = BEATS.add(min(lease / 3, 1.0), keep)
     try:
-        yield
+        yield key
     finally:
         BEATS.remove(key)
 
