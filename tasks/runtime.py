@@ -123,6 +123,8 @@ _watchdog: Watchdog | None = None
 
 def watchdog() -> Watchdog:
     global _watchdog
+    if _watchdog is not None:
+        return _watchdog
     runner = runtime(current_app).runner
     with _lock:
         if _watchdog is None:

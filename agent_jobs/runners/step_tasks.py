@@ -206,10 +206,13 @@ class RunningSteps:
     thread writes later is refused (its holder is fenced)."""
 
     def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a pool process starts afresh
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._by_thread: dict[int, tuple[Running, int | None]] = {}
         self._fenced: set[str] = set()
-        os.register_at_fork(after_in_child=self.__init__)  # type: ignore[misc]
 
     @contextmanager
     def track(self, running: Running, beat: int | None = None) -> Iterator[None]:

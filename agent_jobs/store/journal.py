@@ -24,7 +24,7 @@ from sqlalchemy import (
 from . import events as event_rows
 from .db import insert_unless_exists, utcnow
 from .events import PendingEvent
-from .model_requests import expand
+from .model_requests import MODEL_TURN, expand
 from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
@@ -214,7 +214,7 @@ def whole_model_intent(conn: Connection, run_id: str, step: str) -> Any | None:
 
 def _model_intents(conn: Connection, run_id: str, *, before: int | None = None) -> dict[str, Any]:
     query = select(journal.c.step, journal.c.intent).where(
-        journal.c.run_id == run_id, journal.c.intent["type"].as_string() == "model_turn"
+        journal.c.run_id == run_id, journal.c.intent["type"].as_string() == MODEL_TURN
     )
     if before is not None:
         query = query.where(journal.c.seq < before)
