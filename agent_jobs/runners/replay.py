@@ -105,7 +105,7 @@ class DurableHooks(LoopHooks):
         run, parked = self.run, self.parked
         waiting_on = " ".join(parked.labels) if parked.status != "running" else None
         if run.status != parked.status or run.waiting_on != waiting_on:
-            run_rows.set_status(self.conn, run.run_id, parked.status, waiting_on=waiting_on)
+            run_rows.note_status(self.conn, run.run_id, parked.status, waiting_on=waiting_on)
         # A human wait streams its own `status` frame, and so does the wait a person
         # released the run from; a run released some other way (its wait's row completed
         # by a repair) says so here.

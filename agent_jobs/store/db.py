@@ -14,6 +14,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.dml import ReturningInsert
 
 from ..errors import ConfigurationError, SchemaNotReadyError
+from . import driver
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -89,7 +90,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             parsed = parsed.set(drivername="postgresql+psycopg")
         # No pre-ping: it costs a round trip per checkout. A connection that died is
         # invalidated when it fails, and the task that hit it is retried (tasks/steps.py).
-        return create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_recycle=1800)
+        engine = create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_recycle=1800)
+        driver.install(engine)
+        return engine
     raise ConfigurationError(
         f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql+psycopg://"
     )

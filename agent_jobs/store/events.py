@@ -7,8 +7,20 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, TextClause, bindparam, insert, select, text, update
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    Text,
+    TextClause,
+    any_,
+    bindparam,
+    insert,
+    select,
+    text,
+    update,
+)
 
+from . import driver
 from .db import utcnow
 from .schema import events, threads
 
@@ -21,7 +33,10 @@ _TAKE_SEQ = (
     .returning(threads.c.event_seq)
 )
 _INSERT = insert(events)
-# Postgres: the sequence taken and the events written in one statement (one round trip).
+# Postgres: the sequence taken and the events written in one statement (one round trip),
+# sent with the transaction's next statement or its commit (store/driver.py). With no
+# thread row nothing is taken, the sequence comes out NULL and the insert fails: the
+# transaction fails, as it must, in the database (nobody reads a count back).
 _APPEND_PG = """
     WITH {before}taken AS (
         UPDATE threads SET event_seq = event_seq + :n WHERE id = :thread_id
@@ -29,9 +44,9 @@ _APPEND_PG = """
     )
     INSERT INTO events (thread_id, seq, run_id, type, data, created_at)
     SELECT :thread_id, taken.event_seq - :n + e.ord, e.run_id, e.type, e.data, :now
-    FROM taken, jsonb_to_recordset(CAST(:rows AS jsonb))
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb))
         AS e(ord bigint, run_id text, type text, data jsonb)
-    RETURNING seq
+        LEFT JOIN taken ON true
 """
 _APPEND = text(_APPEND_PG.format(before=""))
 # The statements with a write ahead of the events, built once.
@@ -101,9 +116,7 @@ def _append_pg(
             _WITH_BEFORE[cte] = text(_APPEND_PG.format(before=cte + ",\n"))
         statement = _WITH_BEFORE[cte]
         params |= extra
-    written = conn.execute(statement, params).all()
-    if len(written) != len(batch):  # no such thread: nothing was written
-        raise LookupError(f"thread {thread_id} has no row: its events cannot be numbered")
+    driver.later(conn, statement, params)
 
 
 _THREAD = (
@@ -112,6 +125,8 @@ _THREAD = (
     .order_by(events.c.seq)
 )
 _THREAD_TYPES = _THREAD.where(events.c.type.in_(bindparam("types", expanding=True)))
+# Postgres: the types as one array parameter (the statement goes to the driver as is).
+_THREAD_TYPES_PG = _THREAD.where(events.c.type == any_(bindparam("types", type_=ARRAY(Text))))
 
 
 def for_thread(
@@ -119,10 +134,12 @@ def for_thread(
 ) -> Sequence[Any]:
     """The thread's events after sequence `after`, oldest first (optionally of some types)."""
     params: dict[str, Any] = {"thread_id": thread_id, "after": after}
-    if types is not None:
-        params["types"] = list(types)
-        return conn.execute(_THREAD_TYPES, params).all()
-    return conn.execute(_THREAD, params).all()
+    if types is None:
+        return driver.rows(conn, _THREAD, params)
+    params["types"] = list(types)
+    if conn.dialect.name == "postgresql":
+        return driver.rows(conn, _THREAD_TYPES_PG, params)
+    return conn.execute(_THREAD_TYPES, params).all()
 
 
 def lock_thread(conn: Connection, thread_id: str) -> Any | None:

@@ -15,12 +15,14 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    literal_column,
     or_,
     select,
     text,
     update,
 )
 
+from . import driver
 from . import events as event_rows
 from .db import insert_unless_exists, utcnow
 from .events import PendingEvent
@@ -28,6 +30,7 @@ from .model_requests import MODEL_TURN, expand
 from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
+IN_FLIGHT = ("scheduled", "started")  # a remote step sent, not yet done or failed
 
 
 def load(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
@@ -49,7 +52,7 @@ _REPLAY = (
 def load_for_replay(conn: Connection, run_id: str, *, after: int = 0) -> Sequence[Any]:
     """What a replay needs of the run's journal, in one query: the rows after position
     `after` (a replay that knows the rows up to there)."""
-    return conn.execute(_REPLAY, {"run_id": run_id, "after": after}).all()
+    return driver.rows(conn, _REPLAY, {"run_id": run_id, "after": after})
 
 
 def get(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
@@ -108,22 +111,26 @@ def mark_started(
     scheduled it); None when Redis holds it, which also clears a claim a dead process
     left behind.
     """
-    result = conn.execute(
-        update(journal)
-        .where(
-            journal.c.run_id == run_id,
-            journal.c.step == step,
-            journal.c.state.in_(("scheduled", "started")),
-        )
-        .values(
-            state="started",
-            attempts=attempt,
-            started_at=started_at,
-            lease_until=utcnow() + timedelta(seconds=lease),
-            holder=holder,
-        )
+    values = {"b_run_id": run_id, "b_step": step, "b_attempt": attempt, "b_holder": holder}
+    values |= {"b_started_at": started_at, "b_until": utcnow() + timedelta(seconds=lease)}
+    return driver.rowcount(conn, _MARK_STARTED, values) == 1
+
+
+_MARK_STARTED = (
+    update(journal)
+    .where(
+        journal.c.run_id == bindparam("b_run_id"),
+        journal.c.step == bindparam("b_step"),
+        driver.among(journal.c.state, IN_FLIGHT),
     )
-    return result.rowcount == 1
+    .values(
+        state="started",
+        attempts=bindparam("b_attempt"),
+        started_at=bindparam("b_started_at"),
+        lease_until=bindparam("b_until"),
+        holder=bindparam("b_holder"),
+    )
+)
 
 
 def claim(values: dict[str, Any], holder: str, lease: float) -> None:
@@ -192,7 +199,7 @@ def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
 
 def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
     """A step's row with its run's status and top-level run, in one query."""
-    return conn.execute(_WITH_RUN, {"run_id": run_id, "step": step}).first()
+    return driver.first(conn, _WITH_RUN, {"run_id": run_id, "step": step})
 
 
 def get_with_whole_intent(conn: Connection, run_id: str, step: str) -> Any | None:
@@ -213,12 +220,15 @@ def whole_model_intent(conn: Connection, run_id: str, step: str) -> Any | None:
 
 
 def _model_intents(conn: Connection, run_id: str, *, before: int | None = None) -> dict[str, Any]:
-    query = select(journal.c.step, journal.c.intent).where(
-        journal.c.run_id == run_id, journal.c.intent["type"].as_string() == MODEL_TURN
-    )
-    if before is not None:
-        query = query.where(journal.c.seq < before)
-    return {row.step: row.intent for row in conn.execute(query)}
+    values = {"run_id": run_id, "before": before if before is not None else 2**31 - 1}
+    return {row.step: row.intent for row in driver.rows(conn, _MODEL_INTENTS, values)}
+
+
+_MODEL_INTENTS = select(journal.c.step, journal.c.intent).where(
+    journal.c.run_id == bindparam("run_id"),
+    journal.c.intent["type"].as_string() == literal_column(f"'{MODEL_TURN}'"),
+    journal.c.seq < bindparam("before"),
+)
 
 
 def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence[Row[Any]]:
@@ -256,7 +266,7 @@ def complete(
 ) -> bool:
     """Write a step's outcome; the first writer wins."""
     values = _outcome(run_id, step, state, result, error, attempts, started_at)
-    return conn.execute(_COMPLETE, values).rowcount == 1
+    return driver.rowcount(conn, _COMPLETE, values) == 1
 
 
 def complete_and_load(
@@ -279,7 +289,7 @@ def complete_and_load(
     if conn.dialect.name != "postgresql":
         conn.execute(_COMPLETE, values)
         return load_for_replay(conn, run_id, after=after)
-    return conn.execute(_COMPLETE_AND_REPLAY, values | {"after": after}).all()
+    return driver.rows(conn, _COMPLETE_AND_REPLAY, values | {"after": after})
 
 
 def _outcome(
@@ -309,7 +319,7 @@ _COMPLETE = (
     .where(
         journal.c.run_id == bindparam("b_run_id"),
         journal.c.step == bindparam("b_step"),
-        journal.c.state.in_(("scheduled", "started", "waiting")),
+        driver.among(journal.c.state, (*IN_FLIGHT, "waiting")),
     )
     .values(
         state=bindparam("b_state"),
@@ -355,7 +365,7 @@ def insert_many(
     if events:
         event_rows.append(conn, events, before=(_INSERT_RECORDS_CTE, params))
     else:
-        conn.execute(_INSERT_RECORDS, params)
+        driver.later(conn, _INSERT_RECORDS, params)
 
 
 # Postgres: the rows as one JSON document, typed by the table's own row type (one

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, select, update
 
 from ..checkpoints import HUMAN_WAITS
+from . import driver
 from .db import insert_unless_exists, utcnow
 from .schema import journal, runs, usage
 
@@ -90,7 +91,7 @@ def lock_and_touch(conn: Connection, run_id: str) -> Row[Any] | None:
     Re-drives of a run serialise on this lock; `updated_at` is what the sweep reads to
     tell a run that makes progress from one that stalled.
     """
-    return conn.execute(_LOCK_AND_TOUCH, {"b_run_id": run_id, "b_now": utcnow()}).first()
+    return driver.first(conn, _LOCK_AND_TOUCH, {"b_run_id": run_id, "b_now": utcnow()})
 
 
 def get_run(conn: Connection, run_id: str, *, for_update: bool = False) -> Row[Any] | None:
@@ -110,7 +111,16 @@ def set_status(
     query = _SET_STATUS if only_if_not_terminal else _SET_STATUS_ANY
     values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_waiting_on": waiting_on}
     values["b_now"] = utcnow()
-    return conn.execute(query, values).rowcount == 1
+    return driver.rowcount(conn, query, values) == 1
+
+
+def note_status(
+    conn: Connection, run_id: str, status: RunStatus, *, waiting_on: str | None = None
+) -> None:
+    """`set_status` (an unfinished run's), sent with the transaction's next statement or
+    its commit: for a caller that does not ask whether it moved."""
+    values = {"b_run_id": run_id, "b_status": status, "b_waiting_on": waiting_on}
+    driver.later(conn, _SET_STATUS, values | {"b_now": utcnow()})
 
 
 _SET_STATUS_ANY = (
@@ -122,7 +132,7 @@ _SET_STATUS_ANY = (
         updated_at=bindparam("b_now"),
     )
 )
-_SET_STATUS = _SET_STATUS_ANY.where(runs.c.status.not_in(TERMINAL))
+_SET_STATUS = _SET_STATUS_ANY.where(~driver.among(runs.c.status, TERMINAL))
 
 
 def finish_run(
@@ -136,20 +146,24 @@ def finish_run(
 ) -> bool:
     """Record a run's end, once: the first writer wins."""
     now = utcnow()
-    result = conn.execute(
-        update(runs)
-        .where(runs.c.id == run_id, runs.c.status.not_in(TERMINAL))
-        .values(
-            status=status,
-            output=output,
-            error=error,
-            error_type=error_type,
-            waiting_on=None,
-            updated_at=now,
-            finished_at=now,
-        )
+    values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_output": output}
+    values |= {"b_error": error, "b_error_type": error_type, "b_now": now}
+    return driver.rowcount(conn, _FINISH, values) == 1
+
+
+_FINISH = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run_id"), ~driver.among(runs.c.status, TERMINAL))
+    .values(
+        status=bindparam("b_status"),
+        output=bindparam("b_output"),
+        error=bindparam("b_error"),
+        error_type=bindparam("b_error_type"),
+        waiting_on=None,
+        updated_at=bindparam("b_now"),
+        finished_at=bindparam("b_now"),
     )
-    return result.rowcount == 1
+)
 
 
 def record_cancel(conn: Connection, run_id: str, cause: str, *, keep_inbox: bool) -> str | None:

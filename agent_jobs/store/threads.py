@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists, insert, select, update
+from sqlalchemy import Connection, bindparam, exists, insert, literal_column, select, update
 
 from ..messages import Message, ToolCall
+from . import driver
 from .db import insert_unless_exists, utcnow
 from .schema import messages, threads
 
@@ -30,7 +31,7 @@ MESSAGE_COLUMNS = (
 
 def append_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> int:
     """Append a message stamped with the run that wrote it; returns its id."""
-    return int(conn.execute(APPEND, message_row(thread_id, run_id, message)).scalar_one())
+    return int(driver.scalar(conn, APPEND, message_row(thread_id, run_id, message)))
 
 
 def message_row(thread_id: str, run_id: str | None, message: Message) -> dict[str, Any]:
@@ -89,22 +90,23 @@ def thread_messages(conn: Connection, thread_id: str, *, limit: int | None = Non
     """The thread's messages, oldest first: all of them, or the newest `limit` rows,
     bounded by the database and projected to the columns a model turn needs."""
     if limit is None:
-        rows = list(conn.execute(_THREAD, {"thread_id": thread_id}).all())
+        rows = driver.rows(conn, _THREAD, {"thread_id": thread_id})
     else:
-        rows = list(reversed(conn.execute(_NEWEST, {"thread_id": thread_id, "limit": limit}).all()))
+        rows = driver.rows(conn, _NEWEST, {"thread_id": thread_id, "limit": limit})[::-1]
     return [_to_message(row) for row in rows]
 
 
 def title_and_answered(conn: Connection, thread_id: str) -> tuple[str | None, bool]:
     """The thread's title, and whether it was ever answered, in one query."""
-    row = conn.execute(_TITLE_AND_ANSWERED, {"thread_id": thread_id}).first()
+    row = driver.first(conn, _TITLE_AND_ANSWERED, {"thread_id": thread_id})
     return (row.title, bool(row.answered)) if row is not None else (None, False)
 
 
 _TITLE_AND_ANSWERED = select(
     threads.c.title,
     exists()
-    .where(messages.c.thread_id == bindparam("thread_id"), messages.c.role == "assistant")
+    .where(messages.c.thread_id == bindparam("thread_id"))
+    .where(messages.c.role == literal_column("'assistant'"))
     .label("answered"),
 ).where(threads.c.id == bindparam("thread_id"))
 
@@ -114,11 +116,15 @@ def thread_title(conn: Connection, thread_id: str) -> str | None:
 
 
 def set_title(conn: Connection, thread_id: str, title: str) -> None:
-    conn.execute(
-        update(threads)
-        .where(threads.c.id == thread_id, threads.c.title.is_(None))
-        .values(title=title, updated_at=utcnow())
-    )
+    """Give the thread its title unless it has one."""
+    driver.later(conn, _SET_TITLE, {"b_id": thread_id, "b_title": title, "b_now": utcnow()})
+
+
+_SET_TITLE = (
+    update(threads)
+    .where(threads.c.id == bindparam("b_id"), threads.c.title.is_(None))
+    .values(title=bindparam("b_title"), updated_at=bindparam("b_now"))
+)
 
 
 def has_assistant_message(conn: Connection, thread_id: str, *, before_run: str | None) -> bool:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Row, bindparam, insert, select, text, update
 
 from ..messages import Message
-from . import threads
+from . import driver, threads
 from .db import utcnow
 from .runs import TERMINAL
 from .schema import messages, runs, tool_calls
@@ -43,7 +43,7 @@ def insert_call(
         "created_at": now,
         "updated_at": now,
     }
-    conn.execute(_INSERT, row)
+    driver.later(conn, _INSERT, row)
 
 
 _INSERT = insert(tool_calls)
@@ -121,7 +121,7 @@ def finish_call(
         return threads.append_message(conn, thread_id, run_id, message)
     values = _outcome(run_id, call_id, status, result, error)
     values |= threads.message_row(thread_id, run_id, message)
-    return int(conn.execute(_FINISH, values).scalar_one())
+    return int(driver.scalar(conn, _FINISH, values))
 
 
 def _outcome(

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, text
 
 from ..messages import Usage
+from . import driver
 from .db import DIALECTS, dialect_insert, utcnow
 from .schema import quota_usage, usage
 
@@ -42,7 +43,7 @@ def charge(
         "created_at": utcnow(),
     }
     if conn.dialect.name == "postgresql":
-        conn.execute(_CHARGE_PG, row | {"tokens": spent.total_tokens})
+        driver.later(conn, _CHARGE_PG, row | {"tokens": spent.total_tokens})
         return
     conn.execute(_RECORD, row)
     bump_quota(conn, actor=actor, day=day, tokens=spent.total_tokens)
