@@ -71,18 +71,14 @@ def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, flo
     if not cached:
         runner.journal_cache.capacity = 0
     read: list[int] = []
-    load, complete_and_load = journal_rows.load_for_replay, journal_rows.complete_and_load
+    lock_and_load = journal_rows.lock_and_load
 
-    def counting(function: Any) -> Any:
-        def reading(*args: Any, **kwargs: Any) -> Any:
-            rows = function(*args, **kwargs)
-            read.append(len(rows))
-            return rows
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        run, rows = lock_and_load(*args, **kwargs)
+        read.append(len(rows))
+        return run, rows
 
-        return reading
-
-    journal_rows.load_for_replay = counting(load)  # type: ignore[assignment]
-    journal_rows.complete_and_load = counting(complete_and_load)  # type: ignore[assignment]
+    journal_rows.lock_and_load = counted  # type: ignore[assignment]
     run_id = f"replay-{steps}-{'cached' if cached else 'uncached'}"
     runner.create(RunRequest(agent="long", input="go", actor="bench"), run_id)
     runner.coordinate(run_id)
@@ -99,7 +95,7 @@ def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, flo
             cpus.append(time.process_time() - cpu)
             reads.append(sum(read))
     finally:
-        journal_rows.load_for_replay, journal_rows.complete_and_load = load, complete_and_load
+        journal_rows.lock_and_load = lock_and_load  # type: ignore[assignment]
         store.engine.dispose()
     assert store.get_run(run_id).status == "completed"
     # Steps alternate model and tool: every pass is one of the two kinds, so medians

@@ -109,6 +109,25 @@ def test_a_pass_of_hot_statements_goes_around_sqlalchemy(pg: Store) -> None:
         assert [r.state for r in journal.load_for_replay(conn, "r1")] == ["done"] * 3
 
 
+def test_the_run_lock_and_the_journal_are_read_in_one_batch(pg: Store) -> None:
+    """`lock_and_load`: the run's row and its journal after a position, with a step's
+    outcome written under the lock; an unknown run gives nothing and writes nothing."""
+    _run(pg)
+    with pg.begin() as conn:
+        run, rows = journal.lock_and_load(
+            conn, "r1", after=1, outcome={"step": "s:2", "state": "done", "result": {"n": 2}}
+        )
+        assert run is not None and run.id == "r1" and run.status == "running"
+        assert [(r.step, r.state, r.result) for r in rows] == [("s:2", "done", {"n": 2})]
+        run, rows = journal.lock_and_load(conn, "r1", after=0)
+        assert [r.seq for r in rows] == [1, 2]
+        assert journal.lock_and_load(conn, "nope", after=0) == (None, [])
+        [first, second] = driver.batch(
+            conn, [(select(runs_table.c.id), {}), (select(runs_table.c.agent), {})]
+        )
+        assert ([r.id for r in first], [r.agent for r in second]) == (["r1"], ["a"])
+
+
 def test_a_write_sent_later_is_seen_by_every_later_statement(pg: Store) -> None:
     _run(pg)
     with pg.begin() as conn:

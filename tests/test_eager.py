@@ -331,18 +331,14 @@ def test_a_pass_reads_only_the_rows_after_those_it_knows_and_sees_other_processe
     second, _ = local(eager_steps=False)
     second.dispatcher = first.dispatcher  # one broker: the recorder
     read: list[int] = []
-    load, complete_and_load = journal_rows.load_for_replay, journal_rows.complete_and_load
+    lock_and_load = journal_rows.lock_and_load
 
-    def counted(function: Any) -> Any:
-        def reading(*args: Any, **kwargs: Any) -> Any:
-            rows = function(*args, **kwargs)
-            read.append(len(rows))
-            return rows
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        run, rows = lock_and_load(*args, **kwargs)
+        read.append(len(rows))
+        return run, rows
 
-        return reading
-
-    monkeypatch.setattr(journal_rows, "load_for_replay", counted(load))
-    monkeypatch.setattr(journal_rows, "complete_and_load", counted(complete_and_load))
+    monkeypatch.setattr(journal_rows, "lock_and_load", counted)
     first.create(RunRequest(agent="w1", input="go", actor="user-7"), "two-readers")
     first.continue_run("two-readers")
     _drive_by_hand([second, first], recorder, "two-readers")

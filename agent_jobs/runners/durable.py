@@ -167,7 +167,7 @@ class DurableRunner:
         kept: Kept | None = None
         wake_at_deadline: datetime | None = None
         with self.store.begin() as conn:
-            row = run_rows.lock_and_touch(conn, run_id)
+            row, rows = self._lock_and_read(conn, run_id, completion)
             if row is None:
                 return f"unknown run {run_id}", None
             run = RunView.from_row(row)
@@ -175,15 +175,12 @@ class DurableRunner:
             env = StepEnv(app=self.app, stream=stream)
             if completion is not None:
                 env.events.extend(completion.events)
-            if run.finished:
+            if run.finished:  # the completion is written: it changes nothing more
                 self.journal_cache.drop(run_id, run.created_at)
-                if completion is not None:
-                    journal_rows.complete(conn, run_id, completion.step, **completion.outcome)
-                    if run.status == "cancelled":
-                        account_discarded_usage(conn, run)  # its tokens were still spent
+                if completion is not None and run.status == "cancelled":
+                    account_discarded_usage(conn, run)  # its tokens were still spent
                 env.flush_events(conn)
-                return run.status, None  # a late result of a finished run changes nothing
-            rows = self._read_journal(conn, run, completion)
+                return run.status, None
             if completion is not None and any(r.state in IN_FLIGHT for r in rows):
                 # A sibling of a fan-out is still out: a replay would stop at it, and its
                 # own result re-drives the run. Record this one and spare the replay.
@@ -237,19 +234,22 @@ class DurableRunner:
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
         return outcome, kept
 
-    def _read_journal(
-        self, conn: Connection, run: RunView, completion: Completion | None
-    ) -> list[Any]:
-        """The run's journal (the completion written): the final rows this process knows,
-        and from the database only the rows after them."""
-        known = self.journal_cache.prefix(run.run_id, run.created_at)
-        start = journal_cache.after(known)
-        if completion is None:
-            return known + list(journal_rows.load_for_replay(conn, run.run_id, after=start))
-        written = journal_rows.complete_and_load(
-            conn, run.run_id, completion.step, after=start, **completion.outcome
-        )
-        return known + list(written)
+    def _lock_and_read(
+        self, conn: Connection, run_id: str, completion: Completion | None
+    ) -> tuple[Any | None, list[Any]]:
+        """The run's row, locked, and its journal (the completion written), in one round
+        trip: the final rows this process knows, and from the database only the rows
+        after them."""
+        latest = self.journal_cache.latest(run_id)
+        known = latest[1] if latest is not None else []
+        outcome = None if completion is None else {"step": completion.step, **completion.outcome}
+        after = journal_cache.after(known)
+        row, rows = journal_rows.lock_and_load(conn, run_id, after=after, outcome=outcome)
+        if row is None:
+            return None, []
+        if latest is not None and latest[0] != row.created_at:  # another run, the same id
+            return row, list(journal_rows.load_for_replay(conn, run_id))
+        return row, known + list(rows)
 
     def _remember(
         self, run: RunView, rows: list[Any], hooks: DurableHooks | None, ending: Ending | None

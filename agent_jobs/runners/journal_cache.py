@@ -30,7 +30,8 @@ class JournalCache:
     def __init__(self, capacity: int = 1000) -> None:
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._runs: OrderedDict[tuple[str, datetime], list[Any]] = OrderedDict()
+        # run id -> (its creation time, its final prefix)
+        self._runs: OrderedDict[str, tuple[datetime, list[Any]]] = OrderedDict()
         self._models: OrderedDict[tuple[str, datetime], tuple[str, Any]] = OrderedDict()
 
     def last_model(self, run_id: str, created_at: datetime) -> tuple[str, Any] | None:
@@ -48,12 +49,19 @@ class JournalCache:
 
     def prefix(self, run_id: str, created_at: datetime) -> list[Any]:
         """The run's final rows at positions 1…n as known here ([] when none)."""
+        known = self.latest(run_id)
+        return known[1] if known is not None and known[0] == created_at else []
+
+    def latest(self, run_id: str) -> tuple[datetime, list[Any]] | None:
+        """(creation time, final prefix) of the run id as known here, before its row is
+        read (a pass reads the rows after it with the run's; the creation time then
+        tells whether it is the same run)."""
         with self._lock:
-            rows = self._runs.get((run_id, created_at))
-            if rows is None:
-                return []
-            self._runs.move_to_end((run_id, created_at))
-            return list(rows)
+            known = self._runs.get(run_id)
+            if known is None:
+                return None
+            self._runs.move_to_end(run_id)
+            return known[0], list(known[1])
 
     def keep(self, run_id: str, created_at: datetime, rows: Iterable[Any]) -> None:
         """Remember the longest final prefix of `rows` (any order; each with `seq` and
@@ -64,19 +72,20 @@ class JournalCache:
         while (row := by_seq.get(seq)) is not None and row.state in FINAL:
             final.append(row)
             seq += 1
-        key = (run_id, created_at)
         with self._lock:
             if not final:
-                self._runs.pop(key, None)
+                self._runs.pop(run_id, None)
                 return
-            self._runs[key] = final
-            self._runs.move_to_end(key)
+            self._runs[run_id] = (created_at, final)
+            self._runs.move_to_end(run_id)
             while len(self._runs) > self.capacity:
                 self._runs.popitem(last=False)
 
     def drop(self, run_id: str, created_at: datetime) -> None:
         with self._lock:
-            self._runs.pop((run_id, created_at), None)
+            known = self._runs.get(run_id)
+            if known is not None and known[0] == created_at:
+                del self._runs[run_id]
             self._models.pop((run_id, created_at), None)
 
 

@@ -16,6 +16,13 @@ fails raises at the statement it went with, and the transaction fails as a whole
 write sent ahead must fail in the database itself when it is wrong (a constraint), not
 by a count the caller checks.
 
+The transaction's BEGIN waits the same way. psycopg sends its own BEGIN as a round trip
+of its own (in a pipeline too: it syncs after it), so the engine's psycopg connections
+are in autocommit mode and the BEGIN is queued when SQLAlchemy begins a transaction
+(as the SQLite engine issues its own BEGIN): it goes with the transaction's first
+statement. A transaction that ran nothing sends nothing. COMMIT and ROLLBACK are
+psycopg's, which send them whenever the server is in a transaction.
+
 Errors are SQLAlchemy's (`DBAPIError` wrapping psycopg's), so callers tell transient
 failures apart as they do for every other statement; a connection lost on the way is
 invalidated. Other dialects (SQLite) run the same statements through SQLAlchemy.
@@ -32,9 +39,9 @@ from sqlalchemy import ColumnElement, Connection, Engine, event, literal_column
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
-_IDLE = psycopg.pq.TransactionStatus.IDLE  # no transaction begun: BEGIN goes first
-# Where a connection keeps its waiting writes (SQLAlchemy's per-connection `info`).
+# Where a connection keeps its waiting statements (SQLAlchemy's per-connection `info`).
 _WAITING = "agent_jobs.waiting_writes"
+_BEGIN: tuple[str, None] = ("BEGIN", None)
 
 
 class Row:
@@ -117,10 +124,10 @@ def _direct(conn: Connection) -> bool:
 
 
 def rows(conn: Connection, statement: Executable, values: Mapping[str, Any]) -> list[Any]:
-    """The statement's rows (its waiting writes sent with it)."""
+    """The statement's rows (the waiting statements sent with it)."""
     if not _direct(conn):
         return list(conn.execute(statement, dict(values)).all())
-    return _execute(conn, statement, values, fetch=True)[0]
+    return _run(conn, [(statement, values)])[0][0]
 
 
 def first(conn: Connection, statement: Executable, values: Mapping[str, Any]) -> Any | None:
@@ -135,11 +142,21 @@ def scalar(conn: Connection, statement: Executable, values: Mapping[str, Any]) -
     return row[0]
 
 
+def batch(
+    conn: Connection, statements: Sequence[tuple[Executable, Mapping[str, Any]]]
+) -> list[list[Any]]:
+    """The rows of each statement, run in order in one round trip (on Postgres): for
+    statements whose parameters do not depend on each other's results."""
+    if not _direct(conn):
+        return [list(conn.execute(s, dict(v)).all()) for s, v in statements]
+    return _run(conn, statements)[0]
+
+
 def rowcount(conn: Connection, statement: Executable, values: Mapping[str, Any]) -> int:
     """Run a write now; the number of rows it touched."""
     if not _direct(conn):
         return int(conn.execute(statement, dict(values)).rowcount)
-    return _execute(conn, statement, values, fetch=False)[1]
+    return _run(conn, [(statement, values)])[1]
 
 
 def later(conn: Connection, statement: Executable, values: Mapping[str, Any]) -> None:
@@ -148,31 +165,49 @@ def later(conn: Connection, statement: Executable, values: Mapping[str, Any]) ->
     if not _direct(conn):
         conn.execute(statement, dict(values))
         return
+    _in_transaction(conn)
     compiled = _compile(conn, statement, frozenset(values))
     conn.info.setdefault(_WAITING, []).append((compiled.sql, compiled.params(values)))
 
 
-def _execute(
-    conn: Connection, statement: Executable, values: Mapping[str, Any], *, fetch: bool
-) -> tuple[list[Any], int]:
-    compiled = _compile(conn, statement, frozenset(values))
-    params = compiled.params(values)
+def _in_transaction(conn: Connection) -> None:
+    """Begin SQLAlchemy's transaction, as its own statements would (autobegin): a
+    statement here belongs to one, which the caller commits or the close rolls back."""
+    if not conn.in_transaction():
+        conn.begin()
+
+
+def _run(
+    conn: Connection, statements: Sequence[tuple[Executable, Mapping[str, Any]]]
+) -> tuple[list[list[Any]], int]:
+    """The statements' rows, and the last one's row count: one round trip, with the
+    waiting statements ahead of them."""
+    _in_transaction(conn)
+    compiled = [(entry, entry.params(v)) for entry, v in _compiled(conn, statements)]
     raw = _raw(conn)
     waiting = conn.info.pop(_WAITING, None)
+    cursors = []
     try:
-        if waiting or raw.info.transaction_status == _IDLE:
-            # The waiting writes, and the transaction's BEGIN, go with it: one round trip.
+        if waiting or len(compiled) > 1:
             with raw.pipeline():
                 _send(raw, waiting or ())
-                cursor = raw.cursor(row_factory=_rows)
-                cursor.execute(compiled.sql, params)
+                for entry, params in compiled:
+                    cursors.append(raw.cursor(row_factory=_rows))
+                    cursors[-1].execute(entry.sql, params)
         else:
-            cursor = raw.cursor(row_factory=_rows)
-            cursor.execute(compiled.sql, params)
-        found = cursor.fetchall() if fetch and cursor.description is not None else []
-        return found, cursor.rowcount
+            [(entry, params)] = compiled
+            cursors.append(raw.cursor(row_factory=_rows))
+            cursors[-1].execute(entry.sql, params)
+        found = [c.fetchall() if c.description is not None else [] for c in cursors]
+        return found, cursors[-1].rowcount
     except psycopg.Error as exc:
-        raise _wrapped(conn, exc, compiled.sql, params) from exc
+        raise _wrapped(conn, exc, compiled[0][0].sql, compiled[0][1]) from exc
+
+
+def _compiled(
+    conn: Connection, statements: Sequence[tuple[Executable, Mapping[str, Any]]]
+) -> list[tuple[_Compiled, Mapping[str, Any]]]:
+    return [(_compile(conn, s, frozenset(v)), v) for s, v in statements]
 
 
 def _raw(conn: Connection) -> psycopg.Connection[Any]:
@@ -192,39 +227,42 @@ def _wrapped(conn: Connection, exc: psycopg.Error, sql: str, params: Any) -> DBA
     return wrapped  # type: ignore[return-value]
 
 
-def flush(conn: Connection) -> None:
-    """Send the connection's waiting writes now (before another statement uses it)."""
-    waiting = conn.info.pop(_WAITING, None)
-    if not waiting:
-        return
+def _flush(conn: Connection, waiting: list[tuple[str, Any]], *, commit: bool = False) -> None:
     raw = _raw(conn)
     try:
         with raw.pipeline():
             _send(raw, waiting)
+            if commit:  # a plain COMMIT: psycopg's own would sync once more
+                raw.execute("COMMIT")
     except psycopg.Error as exc:
-        raise _wrapped(conn, exc, waiting[0][0], waiting[0][1]) from exc
+        raise _wrapped(conn, exc, waiting[-1][0], waiting[-1][1]) from exc
 
 
 def install(engine: Engine) -> None:
-    """Keep an engine's connections' waiting writes in order with everything else."""
+    """Run an engine's psycopg connections as described above: in autocommit mode, the
+    BEGIN and the writes sent ahead waiting on the connection, in order with every
+    statement SQLAlchemy runs itself."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.autocommit = True  # the BEGIN is ours (below)
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            conn.info[_WAITING] = [_BEGIN]
 
     @event.listens_for(engine, "before_cursor_execute")
     def _before(conn: Connection, *_: Any) -> None:
-        if _WAITING in conn.info:
-            flush(conn)
+        waiting = conn.info.pop(_WAITING, None)
+        if waiting:
+            _flush(conn, waiting)
 
     @event.listens_for(engine, "commit")
     def _commit(conn: Connection) -> None:
         waiting = conn.info.pop(_WAITING, None)
-        if not waiting:
-            return
-        raw = _raw(conn)
-        try:  # the last writes and the COMMIT in one round trip
-            with raw.pipeline():
-                _send(raw, waiting)
-                raw.commit()  # SQLAlchemy's own commit then finds nothing to commit
-        except psycopg.Error as exc:
-            raise _wrapped(conn, exc, waiting[0][0], waiting[0][1]) from exc
+        if waiting and waiting != [_BEGIN]:  # a transaction that ran nothing sends nothing
+            _flush(conn, waiting, commit=True)  # SQLAlchemy's commit then finds none open
 
     @event.listens_for(engine, "rollback")
     def _rollback(conn: Connection) -> None:

@@ -24,6 +24,7 @@ from sqlalchemy import (
 
 from . import driver
 from . import events as event_rows
+from . import runs as run_rows
 from .db import insert_unless_exists, utcnow
 from .events import PendingEvent
 from .model_requests import MODEL_TURN, expand
@@ -292,14 +293,38 @@ def complete_and_load(
     return driver.rows(conn, _COMPLETE_AND_REPLAY, values | {"after": after})
 
 
+def lock_and_load(
+    conn: Connection, run_id: str, *, after: int, outcome: dict[str, Any] | None = None
+) -> tuple[Any | None, Sequence[Any]]:
+    """The run's row, locked and touched (`runs.lock_and_touch`), and its journal after
+    position `after` with `outcome` written first if given (`complete_and_load`'s
+    arguments after the run, as `step` and the rest): on Postgres in one round trip, the
+    lock taken before the outcome is written. An unknown run gives (None, [])."""
+    if conn.dialect.name != "postgresql":
+        run = run_rows.lock_and_touch(conn, run_id)
+        if run is None:
+            return None, []
+        if outcome is None:
+            return run, load_for_replay(conn, run_id, after=after)
+        return run, complete_and_load(conn, run_id, after=after, **outcome)
+    read: tuple[Any, dict[str, Any]]
+    if outcome is None:
+        read = (_REPLAY, {"run_id": run_id, "after": after})
+    else:
+        values = _outcome(run_id, **outcome)
+        read = (_COMPLETE_AND_REPLAY, values | {"after": after})
+    locked, rows = driver.batch(conn, [run_rows.lock_statement(run_id), read])
+    return (locked[0], rows) if locked else (None, [])
+
+
 def _outcome(
     run_id: str,
     step: str,
     state: str,
-    result: Any,
-    error: str | None,
-    attempts: int | None,
-    started_at: datetime | None,
+    result: Any = None,
+    error: str | None = None,
+    attempts: int | None = None,
+    started_at: datetime | None = None,
 ) -> dict[str, Any]:
     now = utcnow()
     return {

@@ -91,7 +91,12 @@ def lock_and_touch(conn: Connection, run_id: str) -> Row[Any] | None:
     Re-drives of a run serialise on this lock; `updated_at` is what the sweep reads to
     tell a run that makes progress from one that stalled.
     """
-    return driver.first(conn, _LOCK_AND_TOUCH, {"b_run_id": run_id, "b_now": utcnow()})
+    return driver.first(conn, *lock_statement(run_id))
+
+
+def lock_statement(run_id: str) -> tuple[Any, dict[str, Any]]:
+    """`lock_and_touch` as a statement and its parameters (for a batch)."""
+    return _LOCK_AND_TOUCH, {"b_run_id": run_id, "b_now": utcnow()}
 
 
 def get_run(conn: Connection, run_id: str, *, for_update: bool = False) -> Row[Any] | None:

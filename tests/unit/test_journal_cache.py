@@ -33,8 +33,23 @@ def test_a_run_of_the_same_id_created_again_is_another_run() -> None:
     cache = JournalCache()
     cache.keep("r", BORN, [_row(1, "done")])
     assert cache.prefix("r", datetime(2026, 12, 2, tzinfo=UTC)) == []
+    cache.drop("r", datetime(2026, 12, 2, tzinfo=UTC))  # not the run it knows
+    assert cache.prefix("r", BORN) != []
     cache.drop("r", BORN)
     assert cache.prefix("r", BORN) == []
+
+
+def test_what_is_known_of_a_run_id_is_read_before_its_row() -> None:
+    """A pass reads the run's row and the journal after the known prefix together: it
+    asks by run id, and the creation time it gets back tells whether it is that run."""
+    cache = JournalCache()
+    assert cache.latest("r") is None
+    cache.keep("r", BORN, [_row(1, "done"), _row(2, "done")])
+    latest = cache.latest("r")
+    assert latest is not None and latest[0] == BORN and after(latest[1]) == 2
+    later = datetime(2026, 12, 2, tzinfo=UTC)
+    cache.keep("r", later, [_row(1, "done")])  # the same id, another run
+    assert cache.latest("r") == (later, cache.prefix("r", later))
 
 
 def test_nothing_final_forgets_the_run_and_the_oldest_run_is_evicted() -> None:
