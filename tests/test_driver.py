@@ -185,6 +185,39 @@ def test_a_connection_lost_mid_transaction_is_invalidated_like_sqlalchemys(pg: S
         assert runs.lock_and_touch(conn, "r1") is not None
 
 
+def test_sqlalchemys_own_statements_still_run_in_the_transaction(pg: Store) -> None:
+    """The psycopg connections run in autocommit mode: the BEGIN is ours, and it goes
+    before SQLAlchemy's statements too, so they commit and roll back with the rest."""
+    _run(pg)
+    with pytest.raises(RuntimeError), pg.begin() as conn:
+        conn.execute(runs_table.update().values(waiting_on="rolled back"))
+        assert driver.first(conn, select(runs_table.c.waiting_on), {}).waiting_on == ("rolled back")
+        raise RuntimeError
+    with pg.begin() as conn:
+        runs.lock_and_touch(conn, "r1")
+        conn.execute(runs_table.update().values(waiting_on="committed"))
+    with pg.connect() as conn:
+        assert conn.execute(select(runs_table.c.waiting_on)).scalar_one() == "committed"
+
+
+def test_a_connection_for_reads_reads_in_read_only_transactions(pg: Store) -> None:
+    """`Store.connect`: a statement on the driver runs in a read-only transaction of its
+    own, committed in the same round trip (nothing is left open for the close); a write
+    there fails, through the driver or through SQLAlchemy."""
+    _run(pg)
+    with pg.connect() as conn:
+        assert len(journal.load_for_replay(conn, "r1")) == 2
+        assert journal.get_with_run(conn, "r1", "s:1") is not None
+        raw = conn.connection.driver_connection
+        assert raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with pytest.raises(DBAPIError, match="read-only transaction"):
+            runs.lock_and_touch(conn, "r1")
+    with pg.connect() as conn, pytest.raises(DBAPIError, match="read-only transaction"):
+        conn.execute(runs_table.update().values(waiting_on="never"))
+    with pg.connect() as conn:
+        assert conn.execute(select(runs_table.c.waiting_on)).scalar_one() is None
+
+
 def test_a_statement_with_values_bound_at_each_execution_is_refused(pg: Store) -> None:
     with pg.connect() as conn, pytest.raises(TypeError, match="expanding"):
         driver.rows(conn, select(runs_table).where(runs_table.c.status.in_(["a", "b"])), {})

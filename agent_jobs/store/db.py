@@ -98,7 +98,7 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     )
 
 
-READ_ONLY = "agent_jobs_read_only"  # an execution option: the connection only reads
+READ_ONLY = driver.READ_ONLY  # an execution option: the connection only reads
 
 
 def _tune_sqlite(engine: Engine) -> None:

@@ -21,7 +21,10 @@ of its own (in a pipeline too: it syncs after it), so the engine's psycopg conne
 are in autocommit mode and the BEGIN is queued when SQLAlchemy begins a transaction
 (as the SQLite engine issues its own BEGIN): it goes with the transaction's first
 statement. A transaction that ran nothing sends nothing. COMMIT and ROLLBACK are
-psycopg's, which send them whenever the server is in a transaction.
+psycopg's, which send them whenever the server is in a transaction. A connection for
+reads (`READ_ONLY`, `Store.connect`) gets a read-only transaction: statements here run
+in one of their own, `BEGIN READ ONLY` … `COMMIT` in the same round trip (so its close
+costs none); SQLAlchemy's own statements open one that the close rolls back.
 
 Errors are SQLAlchemy's (`DBAPIError` wrapping psycopg's), so callers tell transient
 failures apart as they do for every other statement; a connection lost on the way is
@@ -39,9 +42,13 @@ from sqlalchemy import ColumnElement, Connection, Engine, event, literal_column
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE  # the server is in no transaction
 # Where a connection keeps its waiting statements (SQLAlchemy's per-connection `info`).
 _WAITING = "agent_jobs.waiting_writes"
 _BEGIN: tuple[str, None] = ("BEGIN", None)
+_BEGIN_READ_ONLY: tuple[str, None] = ("BEGIN READ ONLY", None)
+_COMMIT: tuple[str, None] = ("COMMIT", None)
+READ_ONLY = "agent_jobs_read_only"  # an execution option: the connection only reads
 
 
 class Row:
@@ -186,6 +193,9 @@ def _run(
     compiled = [(entry, entry.params(v)) for entry, v in _compiled(conn, statements)]
     raw = _raw(conn)
     waiting = conn.info.pop(_WAITING, None)
+    after: list[tuple[str, None]] = []
+    if _reads_only(conn) and raw.info.transaction_status == _IDLE:
+        waiting, after = [_BEGIN_READ_ONLY, *(waiting or ())], [_COMMIT]  # their own
     cursors = []
     try:
         if waiting or len(compiled) > 1:
@@ -194,6 +204,7 @@ def _run(
                 for entry, params in compiled:
                     cursors.append(raw.cursor(row_factory=_rows))
                     cursors[-1].execute(entry.sql, params)
+                _send(raw, after)
         else:
             [(entry, params)] = compiled
             cursors.append(raw.cursor(row_factory=_rows))
@@ -202,6 +213,10 @@ def _run(
         return found, cursors[-1].rowcount
     except psycopg.Error as exc:
         raise _wrapped(conn, exc, compiled[0][0].sql, compiled[0][1]) from exc
+
+
+def _reads_only(conn: Connection) -> bool:
+    return bool(conn.get_execution_options().get(READ_ONLY, False))
 
 
 def _compiled(
@@ -249,12 +264,15 @@ def install(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            conn.info[_WAITING] = [_BEGIN]
+        options = conn.get_execution_options()
+        if options.get("isolation_level") != "AUTOCOMMIT" and not options.get(READ_ONLY):
+            conn.info[_WAITING] = [_BEGIN]  # a read-only one begins at each statement
 
     @event.listens_for(engine, "before_cursor_execute")
     def _before(conn: Connection, *_: Any) -> None:
         waiting = conn.info.pop(_WAITING, None)
+        if _reads_only(conn) and _raw(conn).info.transaction_status == _IDLE:
+            waiting = [_BEGIN_READ_ONLY, *(waiting or ())]
         if waiting:
             _flush(conn, waiting)
 
