@@ -184,7 +184,11 @@ class Done(BaseModel):
 
 
 class Persisted(BaseModel):
-    message_id: int
+    """A message written to the thread. Its id is not journaled any more (nothing read
+    it, and a write whose result nobody reads goes with the pass's next statement or its
+    commit); older journals have it."""
+
+    message_id: int | None = None
 
 
 class QuotaVerdict(BaseModel):

@@ -104,9 +104,8 @@ def _quota_check(intent: Any, conn: Connection, env: StepEnv, step: str) -> Quot
 
 def _persist_user(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
     message = Message(role="user", content=intent.content)
-    return Persisted(
-        message_id=threads.append_message(conn, intent.thread_id, intent.run_id, message)
-    )
+    threads.add_message(conn, intent.thread_id, intent.run_id, message)
+    return Persisted()
 
 
 def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> ThreadSnapshot:
@@ -133,7 +132,7 @@ def _record_usage(intent: Any, conn: Connection, env: StepEnv, step: str) -> Don
 
 def _persist_assistant(intent: Any, conn: Connection, env: StepEnv, step: str) -> Persisted:
     message = Message(role="assistant", content=intent.text, tool_calls=intent.tool_calls)
-    message_id = threads.append_message(conn, intent.thread_id, intent.run_id, message)
+    threads.add_message(conn, intent.thread_id, intent.run_id, message)
     diagnostics.publish(
         "assistant.message",
         lambda: {
@@ -142,7 +141,7 @@ def _persist_assistant(intent: Any, conn: Connection, env: StepEnv, step: str) -
             "tool_calls": len(intent.tool_calls),
         },
     )
-    return Persisted(message_id=message_id)
+    return Persisted()
 
 
 def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) -> CallVerdict:
@@ -207,7 +206,7 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
         name=call.name,
         is_error=intent.status != "executed",
     )
-    message_id = toolcalls.finish_call(
+    toolcalls.finish_call(
         conn,
         intent.run_id,
         call.id,
@@ -242,7 +241,7 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
             "error": intent.error,
         },
     )
-    return Persisted(message_id=message_id)
+    return Persisted()
 
 
 def _prepare(intent: Any, conn: Connection, env: StepEnv, step: str) -> Prepared:

@@ -34,6 +34,15 @@ def append_message(conn: Connection, thread_id: str, run_id: str | None, message
     return int(driver.scalar(conn, APPEND, message_row(thread_id, run_id, message)))
 
 
+def add_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> None:
+    """`append_message` for a caller that needs no id: sent with the transaction's next
+    statement or its commit (store/driver.py)."""
+    driver.later(conn, _ADD, message_row(thread_id, run_id, message))
+
+
+_ADD = insert(messages)
+
+
 def message_row(thread_id: str, run_id: str | None, message: Message) -> dict[str, Any]:
     """A message as `APPEND` takes it."""
     return {

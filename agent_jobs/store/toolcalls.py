@@ -113,15 +113,16 @@ def finish_call(
     error: str | None,
     thread_id: str,
     message: Message,
-) -> int:
-    """`set_outcome`, and the call's message on the thread (one statement on Postgres);
-    returns the message's id."""
+) -> None:
+    """`set_outcome`, and the call's message on the thread: on Postgres one statement,
+    sent with the transaction's next statement or its commit (store/driver.py)."""
     if conn.dialect.name != "postgresql":
         set_outcome(conn, run_id, call_id, status=status, result=result, error=error)
-        return threads.append_message(conn, thread_id, run_id, message)
+        threads.add_message(conn, thread_id, run_id, message)
+        return
     values = _outcome(run_id, call_id, status, result, error)
     values |= threads.message_row(thread_id, run_id, message)
-    return int(driver.scalar(conn, _FINISH, values))
+    driver.later(conn, _FINISH, values)
 
 
 def _outcome(
@@ -159,7 +160,6 @@ _FINISH = text(
     )
     INSERT INTO messages ({threads.MESSAGE_COLUMNS})
     VALUES (:{threads.MESSAGE_COLUMNS.replace(", ", ", :")})
-    RETURNING id
     """
 ).bindparams(
     bindparam("b_result", type_=tool_calls.c.result.type),
