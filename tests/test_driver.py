@@ -218,6 +218,47 @@ def test_a_connection_for_reads_reads_in_read_only_transactions(pg: Store) -> No
         assert conn.execute(select(runs_table.c.waiting_on)).scalar_one() is None
 
 
+def test_a_delivered_model_step_known_here_reads_no_earlier_intents(
+    pg: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model step journaled against the one before is made whole from that step's
+    whole intent when this process scheduled it, with no read of the run's intents."""
+    from agent_jobs.store import model_requests
+
+    _run(pg)
+    first = {
+        "type": "model_turn",
+        "request": {"messages": [{"m": 1}], "system": "s", "tools": ["t"]},
+    }
+    second = {
+        "type": "model_turn",
+        "request": {"messages": [{"m": 1}, {"m": 2}], "system": "s", "tools": ["t"]},
+    }
+    slim = model_requests.slim(second, ("model:1", first))
+    assert "since" in slim
+    with pg.begin() as conn:
+        journal.insert_many(
+            conn,
+            [
+                journal.row(run_id="r1", step="model:1", seq=3, state="done", intent=first),
+                journal.row(run_id="r1", step="model:2", seq=4, state="scheduled", intent=slim),
+            ],
+        )
+    with pg.connect() as conn:
+        read = journal.get_with_whole_intent(conn, "r1", "model:2")
+        assert read is not None and read.intent == second
+        created = read.run_created_at
+        monkeypatch.setattr(journal, "_model_intents", _no_read)
+        known = {created: ("model:1", first)}.get
+        assert journal.get_with_whole_intent(conn, "r1", "model:2", known).intent == second
+        with pytest.raises(AssertionError, match="read"):  # known for another run
+            journal.get_with_whole_intent(conn, "r1", "model:2", {}.get)
+
+
+def _no_read(*_: Any, **__: Any) -> Any:
+    raise AssertionError("the run's model intents were read")
+
+
 def test_a_statement_with_values_bound_at_each_execution_is_refused(pg: Store) -> None:
     with pg.connect() as conn, pytest.raises(TypeError, match="expanding"):
         driver.rows(conn, select(runs_table).where(runs_table.c.status.in_(["a", "b"])), {})

@@ -12,6 +12,7 @@ and re-drive the run in-process instead of through the broker.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -394,8 +395,9 @@ class DurableRunner:
             if kept is not None:
                 row, refused = kept.row, None  # written by the pass just now, under its lock
             else:
-                with self.store.connect() as conn:
-                    row = journal_rows.get_with_whole_intent(conn, run_id, step)
+                with self.store.connect() as conn:  # the model step before, if known here
+                    known = functools.partial(self.journal_cache.last_model, run_id)
+                    row = journal_rows.get_with_whole_intent(conn, run_id, step, known)
                 refused = refusal(row, step, task)
             if refused is not None:
                 if (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -179,7 +179,13 @@ def release_claims(conn: Connection, run_id: str, prefix: str) -> Sequence[Row[A
 
 
 _WITH_RUN = (
-    select(journal, runs.c.status.label("run_status"), runs.c.root_run_id, runs.c.thread_id)
+    select(
+        journal,
+        runs.c.status.label("run_status"),
+        runs.c.root_run_id,
+        runs.c.thread_id,
+        runs.c.created_at.label("run_created_at"),
+    )
     .join(runs, runs.c.id == journal.c.run_id)
     .where(journal.c.run_id == bindparam("run_id"), journal.c.step == bindparam("step"))
 )
@@ -203,14 +209,24 @@ def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
     return driver.first(conn, _WITH_RUN, {"run_id": run_id, "step": step})
 
 
-def get_with_whole_intent(conn: Connection, run_id: str, step: str) -> Any | None:
+def get_with_whole_intent(
+    conn: Connection,
+    run_id: str,
+    step: str,
+    known: Callable[[datetime], tuple[str, Any] | None] = lambda created_at: None,
+) -> Any | None:
     """`get_with_run`, a model step's intent whole: journaled against the run's model
-    step before it (runners/model_requests.py), it is completed from the run's earlier
-    model intents, read in one more query."""
+    step before it (runners/model_requests.py), it is completed from that step's whole
+    intent when `known(run's creation time)` gives it as (step, whole intent), else from
+    the run's earlier model intents, read in one more query."""
     row = get_with_run(conn, run_id, step)
     if row is None or not (isinstance(row.intent, dict) and "since" in row.intent):
         return row
-    whole = expand(row.intent, _model_intents(conn, run_id, before=row.seq).get)
+    base = known(row.run_created_at)
+    if base is not None and base[0] == row.intent["since"]["step"]:
+        whole = expand(row.intent, {base[0]: base[1]}.get)
+    else:
+        whole = expand(row.intent, _model_intents(conn, run_id, before=row.seq).get)
     return SimpleNamespace(**{**row._asdict(), "intent": whole})
 
 
