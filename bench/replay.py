@@ -52,21 +52,26 @@ def agent_app(steps: int) -> AgentApp:
     return app
 
 
+class Recorder:
+    """The runner's dispatcher: the steps it sends are kept in `sent`, to run by hand."""
+
+    def __init__(self, sent: list[tuple[str, str]]) -> None:
+        self.sent = sent
+
+    def steps(self, run_id: str, batch: Any, countdown: float | None = None) -> None:
+        self.sent.extend(batch)
+
+    def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
+        pass
+
+
 def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, float]:
     store = Store.from_url(url)
     app = agent_app(steps)
     sent: list[tuple[str, str]] = []
-
-    class Recorder:
-        def steps(self, run_id: str, batch: Any, countdown: float | None = None) -> None:
-            sent.extend(batch)
-
-        def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
-            pass
-
     settings = Settings(database_url=url, eager_steps=False)
     runner = DurableRunner(
-        app, store, Recorder(), MemoryStreams(), settings, Leases.from_url(redis_url)
+        app, store, Recorder(sent), MemoryStreams(), settings, Leases.from_url(redis_url)
     )
     if not cached:
         runner.journal_cache.capacity = 0
