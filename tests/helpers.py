@@ -10,6 +10,7 @@ from typing import Any
 from agent_jobs import AgentApp, ScriptedModel
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
+from agent_jobs.store import Store, runs, threads
 
 
 class RecordingModel:
@@ -75,3 +76,29 @@ def whole_request(journal: Mapping[str, Mapping[str, Any]], step: str) -> dict[s
         return journal[name]["intent"] if name in journal else None
 
     return expand(journal[step]["intent"], earlier)["request"]
+
+
+def add_run(
+    store: Store,
+    run_id: str = "r1",
+    *,
+    runner: str = "inline",
+    metadata: dict[str, Any] | None = None,
+) -> None:
+    """A running run of agent "a" for actor "u" on thread "t1", written straight to the
+    store."""
+    with store.begin() as conn:
+        threads.ensure_thread(conn, "t1")
+        runs.insert_run(
+            conn,
+            run_id=run_id,
+            thread_id="t1",
+            agent="a",
+            actor="u",
+            persona=None,
+            input="x",
+            status="running",
+            runner=runner,
+            day="2026-01-01",
+            metadata={"k": [1, 2]} if metadata is None else metadata,
+        )

@@ -13,10 +13,11 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from agent_jobs.store import Store, driver, journal, runs, threads
+from agent_jobs.store import Store, driver, journal, runs
 from agent_jobs.store.db import utcnow
 from agent_jobs.store.schema import runs as runs_table
 from tests.conftest import truncate_all
+from tests.helpers import add_run
 
 
 @pytest.fixture
@@ -28,21 +29,8 @@ def pg(pg_url: str) -> Iterator[Store]:
 
 
 def _run(store: Store, run_id: str = "r1") -> None:
+    add_run(store, run_id, runner="durable", metadata={"k": [1, {"x": None}]})
     with store.begin() as conn:
-        threads.ensure_thread(conn, "t1")
-        runs.insert_run(
-            conn,
-            run_id=run_id,
-            thread_id="t1",
-            agent="a",
-            actor="u",
-            persona=None,
-            input="x",
-            status="running",
-            runner="durable",
-            day="2026-01-01",
-            metadata={"k": [1, {"x": None}]},
-        )
         journal.insert_many(
             conn,
             [

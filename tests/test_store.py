@@ -12,24 +12,9 @@ from agent_jobs.messages import Message, ToolCall
 from agent_jobs.store import Store, journal, runs, threads, toolcalls
 from agent_jobs.store import usage as usage_rows
 from agent_jobs.store.schema import runs as runs_table
+from tests.helpers import add_run
 
-
-def _run(store: Store, run_id: str = "r1") -> None:
-    with store.begin() as conn:
-        threads.ensure_thread(conn, "t1")
-        runs.insert_run(
-            conn,
-            run_id=run_id,
-            thread_id="t1",
-            agent="a",
-            actor="u",
-            persona=None,
-            input="x",
-            status="running",
-            runner="inline",
-            day="2026-01-01",
-            metadata={"k": [1, 2]},
-        )
+_run = add_run
 
 
 def test_run_rows_and_terminal_status_are_final(store: Store) -> None:
