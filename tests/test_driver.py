@@ -237,7 +237,9 @@ def test_a_delivered_model_step_known_here_reads_no_earlier_intents(
         assert read is not None and read.intent == second
         created = read.run_created_at
         monkeypatch.setattr(journal, "_model_intents", _no_read)
-        known = {created: ("model:1", first)}.get
+        known = {created: ("model:1", first)}.get  # the step before
+        assert journal.get_with_whole_intent(conn, "r1", "model:2", known).intent == second
+        known = {created: ("model:2", second)}.get  # the step itself, scheduled here
         assert journal.get_with_whole_intent(conn, "r1", "model:2", known).intent == second
         with pytest.raises(AssertionError, match="read"):  # known for another run
             journal.get_with_whole_intent(conn, "r1", "model:2", {}.get)

@@ -216,14 +216,17 @@ def get_with_whole_intent(
     known: Callable[[datetime], tuple[str, Any] | None] = lambda created_at: None,
 ) -> Any | None:
     """`get_with_run`, a model step's intent whole: journaled against the run's model
-    step before it (runners/model_requests.py), it is completed from that step's whole
-    intent when `known(run's creation time)` gives it as (step, whole intent), else from
-    the run's earlier model intents, read in one more query."""
+    step before it (runners/model_requests.py), it is the one `known(run's creation
+    time)` gives as (step, whole intent) if that is this step (this process scheduled
+    it), or completed from it if it is the step before; else from the run's earlier
+    model intents, read in one more query."""
     row = get_with_run(conn, run_id, step)
     if row is None or not (isinstance(row.intent, dict) and "since" in row.intent):
         return row
     base = known(row.run_created_at)
-    if base is not None and base[0] == row.intent["since"]["step"]:
+    if base is not None and base[0] == step:
+        whole = base[1]
+    elif base is not None and base[0] == row.intent["since"]["step"]:
         whole = expand(row.intent, {base[0]: base[1]}.get)
     else:
         whole = expand(row.intent, _model_intents(conn, run_id, before=row.seq).get)
