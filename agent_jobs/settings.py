@@ -78,6 +78,10 @@ class Settings(SettingsBase):
     eager_steps: bool = True
     eager_budget: float = 30.0
     eager_max_steps: int = 100
+    # A run's loop waits in the worker process between passes (in a thread of its own),
+    # so the next pass there goes on from where it stopped instead of replaying.
+    sticky_loops: bool = True
+    sticky_idle: float = Field(default=60.0, gt=0)  # then the next pass replays it
     # Database connections a worker process keeps (10 more on a burst): by default, as
     # many as a threads or gevent pool runs tasks at once, up to 20, plus two; 5 in a
     # prefork pool process, which runs one task at a time.

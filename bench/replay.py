@@ -4,11 +4,12 @@
 
 A run of `--steps` model turns, each asking for one read, driven in this process by a
 durable runner against Postgres, one step at a time (no broker, no worker: what is
-measured is the pass). For each pass: the wall and CPU time of the step's completion
-and its pass, and the journal rows the pass read from the database. Printed: the
-median over steps 2 to 6 against the median over the last five, with the journal cache
-on (a pass reads only the rows after the final ones it knows) and off (every pass
-reads the whole journal).
+measured is the pass). For each step: the wall and CPU time of the step and the pass
+its completion wakes, the CPU time of that pass alone, and the journal rows the pass
+read from the database. Printed: the median over steps 2 to 6 against the median over
+the last five, with the run's loop kept in the process between passes (the default:
+a pass goes on where the last one stopped), with it replayed by every pass, and with
+the journal cache off too (every pass reads the whole journal).
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ class Recorder:
         pass
 
 
-def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, float]:
+def measure(
+    url: str, redis_url: str, steps: int, cached: bool, sticky: bool = True
+) -> dict[str, float]:
     store = Store.from_url(url)
     app = agent_app(steps)
     sent: list[tuple[str, str]] = []
-    settings = Settings(database_url=url, eager_steps=False)
+    settings = Settings(database_url=url, eager_steps=False, sticky_loops=sticky)
     runner = DurableRunner(
         app, store, Recorder(sent), MemoryStreams(), settings, Leases.from_url(redis_url)
     )
@@ -84,21 +87,35 @@ def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, flo
         return run, rows
 
     journal_rows.lock_and_load = counted  # type: ignore[assignment]
-    run_id = f"replay-{steps}-{'cached' if cached else 'uncached'}"
+    passes: list[tuple[float, float]] = []  # the pass after each step: wall, CPU
+    drive = runner._drive
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return drive(*args, **kwargs)
+        finally:
+            passes.append((time.perf_counter() - wall, time.process_time() - cpu))
+
+    runner._drive = timed  # type: ignore[method-assign]
+    run_id = f"replay-{steps}-{'cached' if cached else 'uncached'}-{sticky}"
     runner.create(RunRequest(agent="long", input="go", actor="bench"), run_id)
     runner.coordinate(run_id)
     walls: list[float] = []
     cpus: list[float] = []
     reads: list[int] = []
+    pass_cpus: list[float] = []
     try:
         while sent:
             task, step = sent.pop(0)
             read.clear()
+            passes.clear()
             wall, cpu = time.perf_counter(), time.process_time()
             runner.execute_step(run_id, step, task=task)
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
             reads.append(sum(read))
+            pass_cpus.append(sum(cpu for _, cpu in passes))
     finally:
         journal_rows.lock_and_load = lock_and_load  # type: ignore[assignment]
         store.engine.dispose()
@@ -114,6 +131,8 @@ def measure(url: str, redis_url: str, steps: int, cached: bool) -> dict[str, flo
         "late_cpu_ms": statistics.median(cpus[late]) * 1000,
         "early_rows": statistics.median(reads[early]),
         "late_rows": statistics.median(reads[late]),
+        "early_pass_cpu_ms": statistics.median(pass_cpus[early]) * 1000,
+        "late_pass_cpu_ms": statistics.median(pass_cpus[late]) * 1000,
     }
 
 
@@ -128,14 +147,18 @@ def main() -> None:
     os.environ["AGENT_JOBS_DATABASE_URL"] = url
     server = RedisServer().start()
     try:
-        for cached in (True, False):
-            f = measure(url, server.url(0), args.steps, cached)
+        for label, cached, sticky in (
+            ("journal cache on, loops kept", True, True),
+            ("journal cache on, loops replayed", True, False),
+            ("journal cache off, loops replayed", False, False),
+        ):
+            f = measure(url, server.url(0), args.steps, cached, sticky)
             print(
-                f"journal cache {'on ' if cached else 'off'}: {args.steps} model turns "
-                f"({f['passes']} passes); a pass early in the run "
-                f"{f['early_ms']:.1f} ms ({f['early_cpu_ms']:.1f} ms CPU, "
-                f"{f['early_rows']:.0f} rows read), late {f['late_ms']:.1f} ms "
-                f"({f['late_cpu_ms']:.1f} ms CPU, {f['late_rows']:.0f} rows read)"
+                f"{label}: {args.steps} model turns ({f['passes']} passes); early in the "
+                f"run a step and its pass {f['early_ms']:.1f} ms ({f['early_cpu_ms']:.1f} ms "
+                f"CPU; the pass {f['early_pass_cpu_ms']:.1f} ms; {f['early_rows']:.0f} rows "
+                f"read), late {f['late_ms']:.1f} ms ({f['late_cpu_ms']:.1f} ms CPU; the pass "
+                f"{f['late_pass_cpu_ms']:.1f} ms; {f['late_rows']:.0f} rows read)"
             )
     finally:
         server.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -375,3 +376,151 @@ def test_a_tool_with_a_queue_of_its_own_runs_on_the_worker_of_that_queue(
     assert _received(cpu.log(), "model_turn") == 0
     assert "ran where the last one ended" not in cpu.log()
     assert _received(main.log(), "invoke_tool") == 0  # the lookup ran in model:1's chain
+
+
+# --- the loop kept in the process between passes (runners/sticky.py) ------------------------
+
+
+def _loop_threads(run_id: str) -> list[threading.Thread]:
+    """The threads of the run's parked loops still alive (they unwind soon after being
+    let go of)."""
+    deadline = time.monotonic() + 5
+    while (alive := [t for t in threading.enumerate() if t.name == f"loop-{run_id[:8]}"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    return alive
+
+
+def _counting_loops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The runs whose loop a pass starts from the beginning (a replay), one entry each."""
+    from agent_jobs.runners import durable
+
+    started: list[str] = []
+    run_agent_loop = durable.run_agent_loop
+
+    def counted(turn: Any, deps: Any, hooks: Any) -> Any:
+        started.append(turn.run_id)
+        return run_agent_loop(turn, deps, hooks)
+
+    monkeypatch.setattr(durable, "run_agent_loop", counted)
+    return started
+
+
+def _shape(runner: DurableRunner, run_id: str) -> list[tuple[str, int, str, int]]:
+    return [(j["step"], j["seq"], j["state"], j["attempts"]) for j in runner.store.journal(run_id)]
+
+
+def test_a_kept_loop_goes_on_where_it_stopped_and_journals_what_a_replay_does(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process drives a W1 run a step at a time: its loop starts once and every
+    later pass resumes it (the sibling of a fan-out that finishes first runs no loop),
+    where with the loop replayed every such pass starts it again; the journals are the
+    same, and no loop's thread outlives the run."""
+    started = _counting_loops(monkeypatch)
+    kept, kept_sent = local(eager_steps=False)
+    replayed, replayed_sent = local(eager_steps=False, sticky_loops=False)
+    for runner, recorder, run_id in (
+        (kept, kept_sent, "kept-loop"),
+        (replayed, replayed_sent, "replayed-loop"),
+    ):
+        runner.create(RunRequest(agent="w1", input="go", actor="user-7"), run_id)
+        runner.coordinate(run_id)
+        _drive_by_hand([runner], recorder, run_id)
+        run = runner.store.get_run(run_id)
+        assert run.status == "completed" and run.output == "w1 answer"
+    assert started.count("kept-loop") == 1
+    assert started.count("replayed-loop") == 6, started  # the start, 3 model steps, 2 reads
+    assert _shape(kept, "kept-loop") == _shape(replayed, "replayed-loop")
+    assert _loop_threads("kept-loop") == [] and len(kept.loops) == 0
+
+
+def test_a_parked_loop_is_let_go_of_when_the_run_moves_on_in_another_process(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes take turns at one run's steps: a loop parked in one finds the
+    journal moved on by the other, is let go of, and the run is replayed there; the
+    journal is the one a single process writes, each step run once."""
+    started = _counting_loops(monkeypatch)
+    first, recorder = local(eager_steps=False)
+    second, _ = local(eager_steps=False)
+    alone, alone_sent = local(eager_steps=False)
+    second.dispatcher = first.dispatcher  # one broker: the recorder
+    first.create(RunRequest(agent="w1", input="go", actor="user-7"), "two-processes")
+    first.coordinate("two-processes")
+    _drive_by_hand([second, first], recorder, "two-processes")
+    assert first.store.get_run("two-processes").status == "completed"
+    assert started.count("two-processes") > 1  # replayed where the other had moved on
+    alone.create(RunRequest(agent="w1", input="go", actor="user-7"), "one-process")
+    alone.coordinate("one-process")
+    _drive_by_hand([alone], alone_sent, "one-process")
+    assert _shape(first, "two-processes") == _shape(alone, "one-process")
+    # The process that did not end the run still has the loop it parked, stale: it is
+    # let go of once it has been idle for `sticky_idle` seconds.
+    assert len(first.loops) + len(second.loops) <= 1
+    assert [loop.run_id for loop in (*first.loops.purge(0), *second.loops.purge(0))] in (
+        [],
+        ["two-processes"],
+    )
+    assert _loop_threads("two-processes") == []
+
+
+def test_a_loop_whose_pass_did_not_commit_is_let_go_of_and_the_run_replayed(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit of a pass that resumed the loop fails: what the loop knows was not
+    written. Its thread is let go of; the step's redelivery replays the run from the
+    journal and it completes."""
+    from sqlalchemy.exc import OperationalError
+
+    from agent_jobs.store import journal as journal_rows
+
+    started = _counting_loops(monkeypatch)
+    runner, recorder = local(eager_steps=False)
+    insert_many = journal_rows.insert_many
+    failures = [1]
+
+    def failing_once(conn: Any, rows: Any, *args: Any) -> None:
+        if any(r["step"] == "model:2" for r in rows) and failures:
+            failures.pop()
+            raise OperationalError("INSERT", {}, Exception("the database went away"))
+        insert_many(conn, rows, *args)
+
+    monkeypatch.setattr(journal_rows, "insert_many", failing_once)
+    runner.create(RunRequest(agent="w1", input="go", actor="user-7"), "no-commit")
+    runner.coordinate("no-commit")
+    with pytest.raises(OperationalError):
+        _drive_by_hand([runner], recorder, "no-commit")  # the pass scheduling model:2
+    assert len(runner.loops) == 0
+    # The step whose pass failed is delivered again (as its unacked message would be).
+    runner.execute_step("no-commit", "tool:call_2", task=INVOKE_TOOL)
+    _drive_by_hand([runner], recorder, "no-commit")
+    run = runner.store.get_run("no-commit")
+    assert run.status == "completed" and run.output == "w1 answer"
+    assert started.count("no-commit") == 2  # the start, and the replay after the failure
+    assert _loop_threads("no-commit") == []
+
+
+def test_a_loop_parked_on_an_approval_resumes_when_the_decision_lands(
+    local: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_jobs.approvals.record import record_decision
+    from agent_jobs.checkpoints import Decision
+
+    started = _counting_loops(monkeypatch)
+    runner, recorder = local(eager_steps=False)
+    runner.create(RunRequest(agent="gated", input="go", actor="user-7"), "gated-kept")
+    runner.coordinate("gated-kept")
+    _drive_by_hand([runner], recorder, "gated-kept")
+    assert runner.store.get_run("gated-kept").status == "awaiting_approval"
+    assert len(runner.loops) == 1  # parked on the approval
+    with runner.store.begin() as conn:
+        decision = Decision(decision="approve", actor="alice")
+        record_decision(conn, apps.app, "gated-kept", "call_2", decision)
+    runner.coordinate("gated-kept")  # the listener's wake-up
+    _drive_by_hand([runner], recorder, "gated-kept")
+    run = runner.store.get_run("gated-kept")
+    assert run.status == "completed" and run.output == "gated done"
+    assert started.count("gated-kept") == 1
+    assert _loop_threads("gated-kept") == []

@@ -19,11 +19,11 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import redis
-from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -46,7 +46,7 @@ from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
 from . import journal_cache, recovery
 from .liveness import Liveness, working_on
-from .replay import DurableHooks, sent_as
+from .replay import DurableHooks, drive, hooks_for, sent_as
 from .step_tasks import (
     IN_FLIGHT,
     RUNNING,
@@ -60,6 +60,7 @@ from .step_tasks import (
     quiet_events,
     refusal,
 )
+from .sticky import StickyLoops
 from .turn import (
     Ending,
     Finished,
@@ -106,6 +107,8 @@ class DurableRunner:
         # task it is); by default, not at all.
         self.eager_events: EagerEvents = quiet_events
         self.journal_cache = journal_cache.JournalCache()
+        # Runs whose loop waits in this process between passes (runners/sticky.py).
+        self.loops = StickyLoops(256 if settings.sticky_loops else 0, settings.sticky_idle)
         # A worker's: this process's beat, so another recovers its runs if it dies.
         self.liveness: Liveness | None = None
         diagnostics.set_enabled(settings.diagnostics)
@@ -167,58 +170,67 @@ class DurableRunner:
         hooks: DurableHooks | None = None
         kept: Kept | None = None
         wake_at_deadline: datetime | None = None
-        with self.store.begin() as conn:
-            row, rows = self._lock_and_read(conn, run_id, completion)
-            if row is None:
-                return f"unknown run {run_id}", None
-            run = RunView.from_row(row)
-            stream = RunStream(self.streams, run.root_run_id, run_id)
-            env = StepEnv(app=self.app, stream=stream)
-            if completion is not None:
-                env.events.extend(completion.events)
-            if run.finished:  # the completion is written: it changes nothing more
-                self.journal_cache.drop(run_id, run.created_at)
-                if completion is not None and run.status == "cancelled":
-                    account_discarded_usage(conn, run)  # its tokens were still spent
-                env.flush_events(conn)
-                return run.status, None
-            if completion is not None and any(r.state in IN_FLIGHT for r in rows):
-                # A sibling of a fan-out is still out: a replay would stop at it, and its
-                # own result re-drives the run. Record this one and spare the replay.
-                outcome = f"{completion.step} recorded; waiting for its siblings"
-            elif (cause := stop_cause(conn, run)) is not None:
-                ending = Ending.cancelled(cause, run.cancel_keep_inbox)
-                outcome = f"cancelled: {cause}"
-                finished = finish_turn(conn, env, self.app, run, ending)
-            else:
-                if run.status == "queued":
-                    start_turn(env, run)
-                    wake_at_deadline = run.deadline
-                if self.before_replay is not None:
-                    self.before_replay(run_id)
-                hooks = DurableHooks(conn, run, rows, env, self.settings.disabled_patch_ids)
-                hooks.known_model = self.journal_cache.last_model(run_id, run.created_at)
-                try:
-                    turn, deps = turn_for(self.app, run, self.settings)
-                    result = run_agent_loop(turn, deps, hooks)
-                except Suspend:
-                    outcome = hooks.park()
-                except AgentJobsError as exc:
-                    ending = Ending.failed(exc)
-                    outcome = f"failed: {exc}"
-                else:
-                    ending = Ending.completed(result.output)
-                    outcome = "completed"
-                if keep and ending is None:
-                    kept = self._claim(run, hooks)
-                if ending is None:  # the pass's rows and events in one statement
-                    journal_rows.insert_many(conn, hooks.new_rows, env.take_events())
-                else:
-                    journal_rows.insert_many(conn, hooks.new_rows)
+        try:
+            with self.store.begin() as conn:
+                read = journal_cache.lock_and_read(self.journal_cache, conn, run_id, completion)
+                row = read.run
+                if row is None:
+                    return f"unknown run {run_id}", None
+                run = RunView.from_row(row)
+                stream = RunStream(self.streams, run.root_run_id, run_id)
+                env = StepEnv(app=self.app, stream=stream)
+                if completion is not None:
+                    env.events.extend(completion.events)
+                if run.finished:  # the completion is written: it changes nothing more
+                    self.journal_cache.drop(run_id, run.created_at)
+                    self.loops.drop(run_id)
+                    if completion is not None and run.status == "cancelled":
+                        account_discarded_usage(conn, run)  # its tokens were still spent
+                    env.flush_events(conn)
+                    return run.status, None
+                if completion is not None and any(r.state in IN_FLIGHT for r in read.loaded):
+                    # A sibling of a fan-out is still out: a replay would stop at it, and its
+                    # own result re-drives the run. Record this one and spare the replay.
+                    outcome = f"{completion.step} recorded; waiting for its siblings"
+                elif (cause := stop_cause(conn, run)) is not None:
+                    ending = Ending.cancelled(cause, run.cancel_keep_inbox)
+                    outcome = f"cancelled: {cause}"
                     finished = finish_turn(conn, env, self.app, run, ending)
-            env.flush_events(conn)
+                else:
+                    if run.status == "queued":
+                        start_turn(env, run)
+                        wake_at_deadline = run.deadline
+                    if self.before_replay is not None:
+                        self.before_replay(run_id)
+                    disabled = self.settings.disabled_patch_ids
+                    hooks = hooks_for(self.loops, conn, run, read, env, disabled)
+                    hooks.known_model = self.journal_cache.last_model(run_id, run.created_at)
+                    try:
+                        turn, deps = turn_for(self.app, run, self.settings)
+                        body = partial(run_agent_loop, turn, deps, hooks)
+                        result = drive(hooks, self.loops, body)
+                    except Suspend:
+                        outcome = hooks.park()
+                    except AgentJobsError as exc:
+                        ending = Ending.failed(exc)
+                        outcome = f"failed: {exc}"
+                    else:
+                        ending = Ending.completed(result.output)
+                        outcome = "completed"
+                    if keep and ending is None:
+                        kept = self._claim(run, hooks)
+                    if ending is None:  # the pass's rows and events in one statement
+                        journal_rows.insert_many(conn, hooks.new_rows, env.take_events())
+                    else:
+                        journal_rows.insert_many(conn, hooks.new_rows)
+                        finished = finish_turn(conn, env, self.app, run, ending)
+                env.flush_events(conn)
+        except BaseException:
+            if hooks is not None and hooks.sticky is not None:
+                hooks.sticky.abandon()  # what it knows of the run was not committed
+            raise
         # Committed: now the world may hear of it, and the journal as read stays known.
-        self._remember(run, rows, hooks, ending)
+        self._remember(run, read, hooks, ending)
         env.flush()
         if hooks is not None:
             self.dispatcher.steps(run_id, hooks.to_dispatch)
@@ -233,33 +245,23 @@ class DurableRunner:
             # Be there when the deadline passes, even if the run is then parked.
             left = (wake_at_deadline - utcnow()).total_seconds()
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
+        if hooks is not None and hooks.sticky is not None:  # the pass is done with them
+            self.loops.keep(hooks.sticky)  # the loop, parked where the pass suspended
         return outcome, kept
 
-    def _lock_and_read(
-        self, conn: Connection, run_id: str, completion: Completion | None
-    ) -> tuple[Any | None, list[Any]]:
-        """The run's row, locked, and its journal (the completion written), in one round
-        trip: the final rows this process knows, and from the database only the rows
-        after them."""
-        latest = self.journal_cache.latest(run_id)
-        known = latest[1] if latest is not None else []
-        outcome = None if completion is None else {"step": completion.step, **completion.outcome}
-        after = journal_cache.after(known)
-        row, rows = journal_rows.lock_and_load(conn, run_id, after=after, outcome=outcome)
-        if row is None:
-            return None, []
-        if latest is not None and latest[0] != row.created_at:  # another run, the same id
-            return row, list(journal_rows.load_for_replay(conn, run_id))
-        return row, known + list(rows)
-
     def _remember(
-        self, run: RunView, rows: list[Any], hooks: DurableHooks | None, ending: Ending | None
+        self,
+        run: RunView,
+        read: journal_cache.Read,
+        hooks: DurableHooks | None,
+        ending: Ending | None,
     ) -> None:
         if ending is not None:
             self.journal_cache.drop(run.run_id, run.created_at)
+            self.loops.drop(run.run_id)
             return
         new = [SimpleNamespace(**row) for row in hooks.new_rows] if hooks is not None else []
-        self.journal_cache.keep(run.run_id, run.created_at, [*rows, *new])
+        self.journal_cache.keep(run.run_id, run.created_at, [*read.loaded, *new], read.known)
         for step, intent in hooks.whole.items() if hooks is not None else ():
             self.journal_cache.keep_model(run.run_id, run.created_at, step, intent)
 

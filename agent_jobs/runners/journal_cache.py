@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -63,12 +64,14 @@ class JournalCache:
             self._runs.move_to_end(run_id)
             return known[0], list(known[1])
 
-    def keep(self, run_id: str, created_at: datetime, rows: Iterable[Any]) -> None:
-        """Remember the longest final prefix of `rows` (any order; each with `seq` and
-        `state`)."""
+    def keep(
+        self, run_id: str, created_at: datetime, rows: Iterable[Any], known: Sequence[Any] = ()
+    ) -> None:
+        """Remember the longest final prefix of `known` (a final prefix already: positions
+        1…n) and then `rows` (any order; each with `seq` and `state`)."""
         by_seq = {row.seq: row for row in rows}
-        final: list[Any] = []
-        seq = 1
+        final: list[Any] = list(known)
+        seq = len(final) + 1
         while (row := by_seq.get(seq)) is not None and row.state in FINAL:
             final.append(row)
             seq += 1
@@ -92,3 +95,34 @@ class JournalCache:
 def after(prefix: Sequence[Any]) -> int:
     """The last position the prefix covers: a pass reads the rows after it."""
     return prefix[-1].seq if prefix else 0
+
+
+@dataclass(frozen=True)
+class Read:
+    """What a pass read: the run's row (locked; None for an unknown run), the final
+    prefix of its journal this process knew, and the rows read after it."""
+
+    run: Any | None
+    known: list[Any]
+    loaded: list[Any]
+
+    @property
+    def rows(self) -> list[Any]:
+        return [*self.known, *self.loaded]
+
+
+def lock_and_read(cache: JournalCache, conn: Any, run_id: str, completion: Any | None) -> Read:
+    """The run's row, locked, and its journal with a step's `completion` written first
+    (runners/step_tasks.Completion), in one round trip: the final rows `cache` knows, and
+    from the database only the rows after them."""
+    from ..store import journal as journal_rows
+
+    outcome = None if completion is None else {"step": completion.step, **completion.outcome}
+    latest = cache.latest(run_id)
+    known = latest[1] if latest is not None else []
+    row, rows = journal_rows.lock_and_load(conn, run_id, after=after(known), outcome=outcome)
+    if row is None:
+        return Read(None, [], [])
+    if latest is not None and latest[0] != row.created_at:  # another run, the same id
+        return Read(row, [], list(journal_rows.load_for_replay(conn, run_id)))
+    return Read(row, known, list(rows))

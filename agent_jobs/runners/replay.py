@@ -35,6 +35,8 @@ from ..store import RunView, model_requests
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from . import waits
+from .journal_cache import Read
+from .sticky import ParkedLoop, StickyLoops
 from .turn import child_run_id, create_child, delegation_intent, delegation_label
 
 T = TypeVar("T")
@@ -82,23 +84,46 @@ class DurableHooks(LoopHooks):
         env: StepEnv,
         disabled_patches: frozenset[str],
     ) -> None:
+        self.disabled_patches = disabled_patches
+        self.by_seq: dict[int, Any] = {}
+        self.by_name: dict[str, Any] = {}
+        self.last_model: tuple[int, str | None] = (0, None)
+        self.rebind(conn, run, rows, env)
+        self.pos = 0
+        self.in_block = False  # inside a fan-out: steps are found by name
+        self.block_end = 0  # the last position a fan-out's steps took
+        # Where the loop parks instead of suspending, when it runs in a thread of its own
+        # that outlives the pass (runners/sticky.py); the rows its last pass read as
+        # final, which never change.
+        self.sticky: ParkedLoop | None = None
+        self.seen_final = 0
+
+    def rebind(self, conn: Connection, run: RunView, rows: list[Any], env: StepEnv) -> None:
+        """Serve a pass: its connection, run row, journal and events (a parked loop's
+        hooks serve each pass that resumes it)."""
         self.conn = conn
         self.run = run
         self.env = env
-        self.disabled_patches = disabled_patches
-        self.by_seq = {row.seq: row for row in rows}
-        self.by_name = {row.step: row for row in rows}
-        self.pos = 0
+        model = names.model_prefix()
+        for row in rows:
+            self.by_seq[row.seq] = self.by_name[row.step] = row
+            if row.step.startswith(model) and row.seq > self.last_model[0]:
+                self.last_model = (row.seq, row.step)  # the journal's latest model step
         self.to_dispatch: list[tuple[str, str]] = []
         self.children: list[str] = []  # delegated runs to start once this pass commits
         self.new_rows: list[dict[str, Any]] = []  # inserted in one statement before commit
         self.parked = _Parked()
         self.resumed = False  # whether this pass resumed the run from a human wait
-        self.in_block = False  # inside a fan-out: steps are found by name
-        self.block_end = 0  # the last position a fan-out's steps took
         self.whole: dict[str, dict[str, Any]] = {}  # new model steps' whole intents
         # (step, whole intent) of the last model step this process scheduled, if known.
         self.known_model: tuple[str, Any] | None = None
+
+    def _suspend(self, signal: Suspend) -> None:
+        """Suspend the pass: raise `signal`, or, for a loop that outlives its pass, park
+        until a later pass resumes it (then the caller looks at its step again)."""
+        if self.sticky is None or self.in_block:
+            raise signal
+        self.sticky.park(signal)
 
     def park(self) -> str:
         """The pass suspended: record what the run now waits on; returns the outcome."""
@@ -126,14 +151,9 @@ class DurableHooks(LoopHooks):
     def _last_model_turn(self) -> tuple[str, Any] | None:
         """(step, whole intent) of the run's latest model step before this one: as this
         process scheduled it, or from the journal."""
-        recorded = [
-            row
-            for row in self.by_seq.values()
-            if not isinstance(row, _Marker) and row.step.startswith(names.model_prefix())
-        ]
-        if not recorded:
+        step = self.last_model[1]
+        if step is None:
             return None
-        step = max(recorded, key=lambda row: row.seq).step
         if self.known_model is not None and self.known_model[0] == step:
             return self.known_model
         intent = journal_rows.whole_model_intent(self.conn, self.run.run_id, step)
@@ -183,7 +203,7 @@ class DurableHooks(LoopHooks):
                 result=result,
             )
         )
-        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos)
+        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos, state, result)
 
     def _wait(self, label: str, status: run_rows.RunStatus = "running") -> Suspend:
         self.parked.labels.append(label)
@@ -195,28 +215,34 @@ class DurableHooks(LoopHooks):
 
     def step(self, call: StepCall) -> Any:
         row = self._recorded(call.name)
-        if row is not None:
+        if row is None:
+            intent = call.intent
+            if not intent.remote:
+                result = dump(execute_local(intent, self.conn, self.env, call.name))
+                self._record(call.name, "done", dump(intent), result)
+                return result
+            row = self._schedule(call.name, intent)
+        while True:
             if row.state == "done":
                 return row.result
             if row.state == "failed":
                 raise StepFailedError(call.name, row.error or "failed")
-            raise self._wait(call.name)
-        intent = call.intent
-        if intent.remote:
-            if isinstance(intent, InvokeTool) and intent.call.name in self.env.app.registry:
-                queue = self.env.app.registry.get(intent.call.name).queue
-                if queue is not None:  # recorded, so that every re-send goes there too
-                    intent = intent.model_copy(update={"queue": queue})
-            recorded = dump(intent)
-            if isinstance(intent, ModelTurn):  # journaled as what changed since the last
-                self.whole[call.name] = recorded
-                recorded = model_requests.slim(recorded, self._last_model_turn())
-            self._record(call.name, "scheduled", recorded)
-            self.to_dispatch.append((sent_as(intent), call.name))
-            raise self._wait(call.name)
-        result = dump(execute_local(intent, self.conn, self.env, call.name))
-        self._record(call.name, "done", dump(intent), result)
-        return result
+            self._suspend(self._wait(call.name))
+            row = self.by_name[call.name]  # as the pass that resumed the loop read it
+
+    def _schedule(self, name: str, intent: Intent) -> Any:
+        """Record a new remote step `scheduled`, to be sent once the pass commits."""
+        if isinstance(intent, InvokeTool) and intent.call.name in self.env.app.registry:
+            queue = self.env.app.registry.get(intent.call.name).queue
+            if queue is not None:  # recorded, so that every re-send goes there too
+                intent = intent.model_copy(update={"queue": queue})
+        recorded = dump(intent)
+        if isinstance(intent, ModelTurn):  # journaled as what changed since the last
+            self.whole[name] = recorded
+            recorded = model_requests.slim(recorded, self._last_model_turn())
+        self._record(name, "scheduled", recorded)
+        self.to_dispatch.append((sent_as(intent), name))
+        return self.by_name[name]
 
     def await_approval(self, wait: ApprovalWait) -> Decision:
         def given() -> dict[str, Any] | None:
@@ -236,18 +262,19 @@ class DurableHooks(LoopHooks):
         """The wait's recorded result, or suspend on it. `given` is what a person already
         said (recorded before this pass reached the wait), and puts the ask on record."""
         row = self._recorded(wait.step)
-        if row is not None:
-            if row.state == "done":
+        if row is None:
+            result = given()
+            self._record(wait.step, "waiting" if result is None else "done", wait.intent, result)
+            self._announce(wait)
+            if result is not None:
                 self._resumed(wait)
-                return row.result
-            raise self._wait(wait.label, wait.status)
-        result = given()
-        self._record(wait.step, "waiting" if result is None else "done", wait.intent, result)
-        self._announce(wait)
-        if result is None:
-            raise self._wait(wait.label, wait.status)
+                return result
+            row = self.by_name[wait.step]
+        while row.state != "done":
+            self._suspend(self._wait(wait.label, wait.status))
+            row = self.by_name[wait.step]
         self._resumed(wait)
-        return result
+        return row.result
 
     def _announce(self, wait: waits.HumanWait) -> None:
         for kind, fields in wait.frames:
@@ -267,27 +294,36 @@ class DurableHooks(LoopHooks):
         child_id = child_run_id(self.run.run_id, delegation.call.id)
         label = delegation_label(delegation, child_id)
         row = self._recorded(name)
-        if row is not None:
-            if row.state == "done":
-                return DelegationOutcome.model_validate(row.result)
-            raise self._wait(label)
-        create_child(
-            self.conn, self.env.app, self.run, delegation, runner="durable", status="queued"
-        )
-        self._record(name, "waiting", delegation_intent(delegation, child_id))
-        self.children.append(child_id)
-        raise self._wait(label)
+        if row is None:
+            create_child(
+                self.conn, self.env.app, self.run, delegation, runner="durable", status="queued"
+            )
+            self._record(name, "waiting", delegation_intent(delegation, child_id))
+            self.children.append(child_id)
+            row = self.by_name[name]
+        while row.state != "done":
+            self._suspend(self._wait(label))
+            row = self.by_name[name]
+        return DelegationOutcome.model_validate(row.result)
 
     def parallel(self, block: ParallelBlock[T]) -> list[Settled[T]]:
         """The members one after the other; each settles, a suspended one included."""
         if self.in_block:
             return [settle(task) for task in block.tasks]
-        self.in_block, self.block_end = True, self.pos
-        try:
-            return [settle(task) for task in block.tasks]
-        finally:
-            self.in_block = False
-            self.pos = self.block_end  # the steps after the fan-out follow its last row
+        start = self.pos
+        while True:
+            self.in_block, self.block_end = True, start
+            try:
+                settled = [settle(task) for task in block.tasks]
+            finally:
+                self.in_block = False
+                self.pos = self.block_end  # the steps after the fan-out follow its last row
+            waiting = next((s.error for s in settled if isinstance(s.error, Suspend)), None)
+            if waiting is None or self.sticky is None:
+                return settled
+            # A loop that outlives its pass parks after the block; resumed, it runs the
+            # members again (what they finished returns its recorded result).
+            self._suspend(waiting)
 
     def patched(self, patch: Patch) -> bool:
         if patch.id in self.disabled_patches:
@@ -308,9 +344,45 @@ class DurableHooks(LoopHooks):
         return True
 
 
+def hooks_for(
+    loops: StickyLoops,
+    conn: Connection,
+    run: RunView,
+    read: Read,
+    env: StepEnv,
+    disabled_patches: frozenset[str],
+) -> DurableHooks:
+    """The pass's hooks: those of the run's loop parked in this process if the journal
+    is what it knows (see runners/sticky.py), else new ones that replay it."""
+    loop = loops.take(run.run_id, run.created_at, read)
+    if loop is None:
+        hooks = DurableHooks(conn, run, read.rows, env, disabled_patches)
+    else:  # the rows it knew of, as they are now: those that may have changed
+        hooks = loop.hooks
+        hooks.rebind(conn, run, loops.changed(hooks, read), env)
+    hooks.seen_final = len(read.known)
+    return hooks
+
+
+def drive(hooks: DurableHooks, loops: StickyLoops, body: Callable[[], T]) -> T:
+    """Run the loop (`body`) for the pass: the parked loop resumed, or the loop from its
+    start, in a thread of its own when loops outlive their passes (`loops` keeps any)."""
+    if hooks.sticky is not None:
+        result: T = hooks.sticky.resume()
+        return result
+    if not loops.capacity:
+        return body()
+    hooks.sticky = ParkedLoop(hooks.run.run_id, hooks.run.created_at, hooks)
+    started: T = hooks.sticky.start(body)
+    return started
+
+
 @dataclass(frozen=True)
 class _Marker:
     """A row written during this pass, as later calls of the same pass see it."""
 
     step: str
     seq: int
+    state: str
+    result: Any = None
+    error: str | None = None
