@@ -1,6 +1,7 @@
 """Benchmark of the durable runner: W1, W2, W3 and the floor, measured in one go.
 
-    .venv/bin/python -m bench.durable [--runs 200] [--no-eager] [--w3 POOL:CONCURRENCY] [--peers]
+    .venv/bin/python -m bench.durable [--runs 200] [--no-eager] [--no-sticky]
+        [--w3 POOL:CONCURRENCY] [--peers]
 
 W1: `--runs` runs of an agent whose first two model turns each ask for two reads and
 whose third answers, on one worker with 2 processes: runs/s, p50/p95 per run, journal
@@ -274,6 +275,13 @@ def main() -> None:
         help="the fast path (AGENT_JOBS_EAGER_STEPS) on the workers; --no-eager: every step "
         "crosses the broker",
     )
+    parser.add_argument(
+        "--sticky",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="runs' loops kept in the workers between passes (AGENT_JOBS_STICKY_LOOPS); "
+        "--no-sticky: every pass replays its run",
+    )
     args = parser.parse_args()
     redis_pid: int | None = None
     if args.redis is None:
@@ -303,6 +311,7 @@ def main() -> None:
         url,
         AGENT_JOBS_APP="bench.apps:app",
         AGENT_JOBS_EAGER_STEPS="true" if args.eager else "false",
+        AGENT_JOBS_STICKY_LOOPS="true" if args.sticky else "false",
     )
     env["PYTHONPATH"] = str(ROOT)
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))

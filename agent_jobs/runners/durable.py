@@ -226,8 +226,8 @@ class DurableRunner:
                         finished = finish_turn(conn, env, self.app, run, ending)
                 env.flush_events(conn)
         except BaseException:
-            if hooks is not None and hooks.sticky is not None:
-                hooks.sticky.abandon()  # what it knows of the run was not committed
+            if hooks is not None and hooks.sticky is not None:  # what it knows is not so
+                hooks.sticky.abandon()
             raise
         # Committed: now the world may hear of it, and the journal as read stays known.
         self._remember(run, read, hooks, ending)

@@ -52,6 +52,7 @@ class ParkedLoop:
         self._state: Literal["running", "parked", "done", "abandoned"] = "running"
         self._outcome: Outcome = ("error", RuntimeError("the loop never ran"))
         self._context: contextvars.Context | None = None
+        self._doomed = False  # let go of while running: it unwinds where it would park
         self.parked_at = 0.0  # monotonic
 
     # --- the pass's side ---------------------------------------------------------------
@@ -83,8 +84,10 @@ class ParkedLoop:
         return self._state == "parked"
 
     def abandon(self) -> None:
-        """Let go of the loop: its thread unwinds (at once if parked)."""
+        """Let go of the loop: its thread unwinds, at once if parked, else where it would
+        park next (a pass that gave up waiting for it)."""
         with self._cond:
+            self._doomed = True
             if self._state == "parked":
                 self._state = "abandoned"
                 self._cond.notify_all()
@@ -103,6 +106,11 @@ class ParkedLoop:
         """Called by the loop where a pass suspends: wait for the next pass (or raise
         `Abandoned`)."""
         with self._cond:
+            if self._doomed:
+                self._outcome = ("error", RuntimeError(f"the loop of {self.run_id} was let go of"))
+                self._state = "abandoned"
+                self._cond.notify_all()
+                raise Abandoned
             self._outcome = ("parked", signal)
             self._state = "parked"
             self.parked_at = time.monotonic()

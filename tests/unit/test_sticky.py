@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import UTC, datetime
@@ -103,3 +104,35 @@ def test_loops_beyond_capacity_or_idle_too_long_are_let_go_of() -> None:
     assert [loop.run_id for loop in loops.purge(0)] == ["b", "c"] and len(loops) == 0
     off = StickyLoops(capacity=0)
     assert off.take("a", BORN, Read(None, [], [])) is None
+
+
+def test_a_loop_let_go_of_while_it_runs_unwinds_where_it_would_park() -> None:
+    """The pass that drove it gave up waiting (an exception in the pass's thread)."""
+    loop = ParkedLoop("doomed-run", BORN, _hooks([]))
+    running, release = threading.Event(), threading.Event()
+    unwound: list[bool] = []
+
+    def body() -> None:
+        running.set()
+        release.wait(5)
+        try:
+            loop.park(Suspend("never"))
+        except BaseException:
+            unwound.append(True)
+            raise
+
+    pass_thread = threading.Thread(target=lambda: _swallow(loop.start, body), daemon=True)
+    pass_thread.start()
+    assert running.wait(5)
+    loop.abandon()  # while it runs
+    release.set()
+    deadline = time.monotonic() + 5
+    while not unwound:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not loop.parked
+
+
+def _swallow(start: Any, body: Any) -> None:
+    with contextlib.suppress(BaseException):
+        start(body)
