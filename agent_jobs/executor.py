@@ -64,6 +64,8 @@ class StepEnv:
     stream: RunStream
     frames: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     events: list[event_rows.PendingEvent] = field(default_factory=list)
+    # The thread's inbox events (session.INBOX), read with the pass's first statement.
+    inbox: list[Any] | None = None
 
     def emit_after_commit(self, type: str, **fields: Any) -> None:
         self.frames.append((type, fields))
@@ -78,7 +80,17 @@ class StepEnv:
     def take_events(self) -> list[event_rows.PendingEvent]:
         """The events added so far, for the caller to write (see `flush_events`)."""
         pending, self.events = self.events, []
+        if any(kind in session.INBOX for _, _, kind, _ in pending):
+            self.inbox = None  # written since it was read
         return pending
+
+    def inbox_log(self, conn: Connection, thread_id: str) -> list[session.Event]:
+        """The thread's inbox events: as read with the pass, unless this pass wrote some
+        since (then read again)."""
+        rows, self.inbox = self.inbox, None
+        if rows is None or any(kind in session.INBOX for _, _, kind, _ in self.events):
+            return session.thread_events(conn, thread_id, types=list(session.INBOX))
+        return [session.Event.from_row(row) for row in rows]
 
     def flush(self) -> None:
         frames, self.frames = self.frames, []
@@ -247,7 +259,7 @@ def _persist_toolexec(intent: Any, conn: Connection, env: StepEnv, step: str) ->
 def _prepare(intent: Any, conn: Connection, env: StepEnv, step: str) -> Prepared:
     """The step boundary, decided once: steering, the model selection, the listeners."""
     thread_id, run_id = intent.thread_id, intent.run_id
-    log = session.thread_events(conn, thread_id, types=[session.SPLICED, session.SELECTED])
+    log = env.inbox_log(conn, thread_id)
     if session.fold_inbox(log).next_step:
         env.flush_events(conn)  # keep the log in order: this pass's earlier events first
     claimed = session.claim_next_step(conn, thread_id, run_id, log=log)

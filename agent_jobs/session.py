@@ -29,6 +29,7 @@ TurnEndReason = Literal["completed", "interrupted", "aborted", "error", "blocked
 SPLICED = "agent/inbox/spliced"
 STATUS = "agent/status"
 SELECTED = "agent/model/selected"
+INBOX = (SPLICED, SELECTED)  # what a step boundary reads: steering, the model selection
 
 
 class Event(BaseModel):

@@ -82,9 +82,9 @@ def measure(
     lock_and_load = journal_rows.lock_and_load
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        run, rows = lock_and_load(*args, **kwargs)
-        read.append(len(rows))
-        return run, rows
+        locked = lock_and_load(*args, **kwargs)
+        read.append(len(locked[1]))  # the journal's rows
+        return locked
 
     journal_rows.lock_and_load = counted  # type: ignore[assignment]
     passes: list[tuple[float, float]] = []  # the pass after each step: wall, CPU

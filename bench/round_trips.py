@@ -70,6 +70,7 @@ def count(trace: Path) -> tuple[int, int]:
         pid, _, call = line.partition(" ")
         if not pid.isdigit():  # a trace of one process has no pid column
             pid, call = "", line
+        call = call.lstrip()  # strace pads the pid column
         if "ROUND-TRIPS-START" in call:
             inside = True
         elif "ROUND-TRIPS-END" in call:

@@ -99,17 +99,24 @@ def test_a_pass_of_hot_statements_goes_around_sqlalchemy(pg: Store) -> None:
 
 def test_the_run_lock_and_the_journal_are_read_in_one_batch(pg: Store) -> None:
     """`lock_and_load`: the run's row and its journal after a position, with a step's
-    outcome written under the lock; an unknown run gives nothing and writes nothing."""
+    outcome written under the lock, and the thread's events of some types if asked; an
+    unknown run gives nothing and writes nothing."""
+    from agent_jobs.store import events as event_rows
+
     _run(pg)
     with pg.begin() as conn:
-        run, rows = journal.lock_and_load(
+        event_rows.append(conn, [("t1", "r1", "a", {"n": 1}), ("t1", "r1", "b", {"n": 2})])
+    with pg.begin() as conn:
+        run, rows, inbox = journal.lock_and_load(
             conn, "r1", after=1, outcome={"step": "s:2", "state": "done", "result": {"n": 2}}
         )
         assert run is not None and run.id == "r1" and run.status == "running"
         assert [(r.step, r.state, r.result) for r in rows] == [("s:2", "done", {"n": 2})]
-        run, rows = journal.lock_and_load(conn, "r1", after=0)
+        assert inbox is None
+        run, rows, inbox = journal.lock_and_load(conn, "r1", after=0, inbox=["b", "c"])
         assert [r.seq for r in rows] == [1, 2]
-        assert journal.lock_and_load(conn, "nope", after=0) == (None, [])
+        assert inbox is not None and [(e.type, e.data) for e in inbox] == [("b", {"n": 2})]
+        assert journal.lock_and_load(conn, "nope", after=0, inbox=["b"]) == (None, [], None)
         [first, second] = driver.batch(
             conn, [(select(runs_table.c.id), {}), (select(runs_table.c.agent), {})]
         )

@@ -335,9 +335,9 @@ def test_a_pass_reads_only_the_rows_after_those_it_knows_and_sees_other_processe
     lock_and_load = journal_rows.lock_and_load
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        run, rows = lock_and_load(*args, **kwargs)
-        read.append(len(rows))
-        return run, rows
+        locked = lock_and_load(*args, **kwargs)
+        read.append(len(locked[1]))  # the journal's rows
+        return locked
 
     monkeypatch.setattr(journal_rows, "lock_and_load", counted)
     first.create(RunRequest(agent="w1", input="go", actor="user-7"), "two-readers")

@@ -178,7 +178,7 @@ class DurableRunner:
                     return f"unknown run {run_id}", None
                 run = RunView.from_row(row)
                 stream = RunStream(self.streams, run.root_run_id, run_id)
-                env = StepEnv(app=self.app, stream=stream)
+                env = StepEnv(app=self.app, stream=stream, inbox=read.inbox)
                 if completion is not None:
                     env.events.extend(completion.events)
                 if run.finished:  # the completion is written: it changes nothing more

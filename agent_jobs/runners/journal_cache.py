@@ -105,6 +105,7 @@ class Read:
     run: Any | None
     known: list[Any]
     loaded: list[Any]
+    inbox: list[Any] | None = None  # the thread's inbox events, if read with them
 
     @property
     def rows(self) -> list[Any]:
@@ -115,14 +116,21 @@ def lock_and_read(cache: JournalCache, conn: Any, run_id: str, completion: Any |
     """The run's row, locked, and its journal with a step's `completion` written first
     (runners/step_tasks.Completion), in one round trip: the final rows `cache` knows, and
     from the database only the rows after them."""
+    from ..checkpoints import model_prefix
+    from ..session import INBOX
     from ..store import journal as journal_rows
 
     outcome = None if completion is None else {"step": completion.step, **completion.outcome}
     latest = cache.latest(run_id)
     known = latest[1] if latest is not None else []
-    row, rows = journal_rows.lock_and_load(conn, run_id, after=after(known), outcome=outcome)
+    # A pass that may reach a step boundary (all but a model step's) reads the thread's
+    # inbox with the rest: the boundary then needs no round trip of its own.
+    boundary = completion is None or not completion.step.startswith(model_prefix())
+    row, rows, inbox = journal_rows.lock_and_load(
+        conn, run_id, after=after(known), outcome=outcome, inbox=INBOX if boundary else None
+    )
     if row is None:
         return Read(None, [], [])
     if latest is not None and latest[0] != row.created_at:  # another run, the same id
         return Read(row, [], list(journal_rows.load_for_replay(conn, run_id)))
-    return Read(row, known, list(rows))
+    return Read(row, known, list(rows), None if inbox is None else list(inbox))

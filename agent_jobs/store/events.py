@@ -22,7 +22,7 @@ from sqlalchemy import (
 
 from . import driver
 from .db import utcnow
-from .schema import events, threads
+from .schema import events, runs, threads
 
 PendingEvent = tuple[str, str | None, str, dict[str, Any]]  # thread, run, type, data
 
@@ -127,6 +127,23 @@ _THREAD = (
 _THREAD_TYPES = _THREAD.where(events.c.type.in_(bindparam("types", expanding=True)))
 # Postgres: the types as one array parameter (the statement goes to the driver as is).
 _THREAD_TYPES_PG = _THREAD.where(events.c.type == any_(bindparam("types", type_=ARRAY(Text))))
+
+
+def of_runs_thread(run_id: str, types: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+    """The events of some types of the run's thread, oldest first, as a statement and
+    its parameters (for a batch that reads them with the run's row; Postgres)."""
+    return _OF_RUNS_THREAD, {"run_id": run_id, "types": list(types)}
+
+
+_OF_RUNS_THREAD = (
+    select(events)
+    .where(
+        events.c.thread_id
+        == select(runs.c.thread_id).where(runs.c.id == bindparam("run_id")).scalar_subquery(),
+        events.c.type == any_(bindparam("types", type_=ARRAY(Text))),
+    )
+    .order_by(events.c.seq)
+)
 
 
 def for_thread(

@@ -313,27 +313,38 @@ def complete_and_load(
 
 
 def lock_and_load(
-    conn: Connection, run_id: str, *, after: int, outcome: dict[str, Any] | None = None
-) -> tuple[Any | None, Sequence[Any]]:
+    conn: Connection,
+    run_id: str,
+    *,
+    after: int,
+    outcome: dict[str, Any] | None = None,
+    inbox: Sequence[str] | None = None,
+) -> tuple[Any | None, Sequence[Any], Sequence[Any] | None]:
     """The run's row, locked and touched (`runs.lock_and_touch`), and its journal after
     position `after` with `outcome` written first if given (`complete_and_load`'s
-    arguments after the run, as `step` and the rest): on Postgres in one round trip, the
-    lock taken before the outcome is written. An unknown run gives (None, [])."""
+    arguments after the run, as `step` and the rest); and, with `inbox` (event types),
+    its thread's events of those types (else None): on Postgres in one round trip, the
+    lock taken before the outcome is written. An unknown run gives (None, [], None)."""
     if conn.dialect.name != "postgresql":
         run = run_rows.lock_and_touch(conn, run_id)
         if run is None:
-            return None, []
+            return None, [], None
         if outcome is None:
-            return run, load_for_replay(conn, run_id, after=after)
-        return run, complete_and_load(conn, run_id, after=after, **outcome)
+            return run, load_for_replay(conn, run_id, after=after), None
+        return run, complete_and_load(conn, run_id, after=after, **outcome), None
     read: tuple[Any, dict[str, Any]]
     if outcome is None:
         read = (_REPLAY, {"run_id": run_id, "after": after})
     else:
         values = _outcome(run_id, **outcome)
         read = (_COMPLETE_AND_REPLAY, values | {"after": after})
-    locked, rows = driver.batch(conn, [run_rows.lock_statement(run_id), read])
-    return (locked[0], rows) if locked else (None, [])
+    statements = [run_rows.lock_statement(run_id), read]
+    if inbox is not None:
+        statements.append(event_rows.of_runs_thread(run_id, inbox))
+    locked, rows, *events = driver.batch(conn, statements)
+    if not locked:
+        return None, [], None
+    return locked[0], rows, events[0] if events else None
 
 
 def _outcome(
