@@ -3,8 +3,10 @@
     .venv/bin/python -m bench.round_trips [--pg URL]
 
 The run's passes and its steps' reads of their rows, on a durable runner with no broker
-and no fast path (each step as a delivered task would run it), after two runs that warm
-the connection pool and the prepared statements. It runs itself under `strace` (which
+(each step sent is run here as a delivered task would run it), after two runs that warm
+the connection pool and the prepared statements: once with the fast path (a step a pass
+schedules runs at once in the task, as the workers run them), once without (every step
+delivered). It runs itself under `strace` (which
 must be installed) and counts, on the sockets connected to Postgres, every send that a
 receive follows: one round trip, however many statements a pipeline sent before it.
 """
@@ -26,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 START, END = b"ROUND-TRIPS-START\n", b"ROUND-TRIPS-END\n"
 
 
-def drive(url: str, redis_url: str, runs: int = 3) -> int:
-    """W1 runs, the last between the markers; returns the last run's step count."""
+def drive(url: str, redis_url: str, eager: str, runs: int = 3) -> int:
+    """W1 runs, the last between the markers; returns how many step tasks it took."""
     from agent_jobs.leases import Leases
     from agent_jobs.runners.durable import DurableRunner
     from agent_jobs.runs import RunRequest
@@ -39,7 +41,7 @@ def drive(url: str, redis_url: str, runs: int = 3) -> int:
 
     store = Store.from_url(url)
     sent: list[tuple[str, str]] = []
-    settings = Settings(database_url=url, eager_steps=False)
+    settings = Settings(database_url=url, eager_steps=eager == "eager")
     runner = DurableRunner(
         app, store, Recorder(sent), MemoryStreams(), settings, Leases.from_url(redis_url)
     )
@@ -50,7 +52,10 @@ def drive(url: str, redis_url: str, runs: int = 3) -> int:
         last = n == runs - 1
         if last:
             os.write(2, START)
-        runner.coordinate(run_id)
+        if eager == "eager":
+            runner.continue_run(run_id)  # as the start_run task does: it keeps its step
+        else:
+            runner.coordinate(run_id)
         while sent:
             task, step = sent.pop(0)
             runner.execute_step(run_id, step, task=task)
@@ -96,7 +101,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(drive(*args.child))
@@ -110,26 +115,31 @@ def main() -> None:
     url = fresh_database(args.pg, "agent_jobs_round_trips")
     server = RedisServer().start()
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = Path(tmp) / "trace"
-            child = [sys.executable, "-m", "bench.round_trips", "--child", url, server.url(0)]
-            calls = "trace=connect,sendto,recvfrom,read,write"
-            done = subprocess.run(
-                [strace, "-f", "-e", calls, "-o", str(trace), *child],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=True,
+        for mode in ("eager", "delivered"):
+            trips, sends, tasks = _traced(strace, url, server.url(0), mode)
+            how = "the fast path" if mode == "eager" else "every step delivered"
+            print(
+                f"one W1 run, {how} ({tasks} step tasks): {trips} round trips to Postgres "
+                f"({trips / 7:.1f} a step of its 7), {sends} sends"
             )
-            steps = int(done.stdout.strip().splitlines()[-1])
-            trips, sends = count(trace)
     finally:
         server.close()
-    passes = steps + 1
-    print(
-        f"one W1 run ({passes} passes, {steps} step reads): {trips} round trips to Postgres "
-        f"({trips / steps:.1f} a step), {sends} sends"
-    )
+
+
+def _traced(strace: str, url: str, redis_url: str, mode: str) -> tuple[int, int, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace"
+        child = [sys.executable, "-m", "bench.round_trips", "--child", url, redis_url, mode]
+        calls = "trace=connect,sendto,recvfrom,read,write"
+        done = subprocess.run(
+            [strace, "-f", "-e", calls, "-o", str(trace), *child],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        tasks = int(done.stdout.strip().splitlines()[-1])
+        return (*count(trace), tasks)
 
 
 if __name__ == "__main__":
