@@ -63,6 +63,7 @@ def runtime(celery: Celery) -> Runtime:
                 socket_timeout=10,
                 retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2),
                 health_check_interval=30,
+                max_connections=redis_pool_size(),
             )
             runner = DurableRunner(
                 load_app(settings.app),
@@ -80,9 +81,11 @@ def runtime(celery: Celery) -> Runtime:
             runner.liveness = Liveness(runner.leases, recover, settings.process_timeout)
             runner.liveness.start()
             log.info(
-                "agent-jobs runner ready in process %d: up to %d database connections",
+                "agent-jobs runner ready in process %d: up to %d database connections, "
+                "%d Redis connections",
                 os.getpid(),
                 runner.store.engine.pool.size(),  # type: ignore[attr-defined]
+                redis_client.connection_pool.max_connections,
             )
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime
@@ -115,6 +118,16 @@ def db_pool_size(settings: Settings) -> int:
     if _pool is not None and _pool[0] in _IN_PROCESS_POOLS and _pool[1] > 0:
         return min(_pool[1], MAX_DB_POOL) + 2
     return 5
+
+
+def redis_pool_size() -> int:
+    """Redis connections a process may open at once: one for each task a threads or
+    gevent pool runs at once and some for its beats (redis-py 8 refuses more than 100 by
+    default, which failed steps of a threads pool of 200 with "Too many connections");
+    else redis-py's 100."""
+    if _pool is not None and _pool[0] in _IN_PROCESS_POOLS and _pool[1] > 0:
+        return max(100, _pool[1] + 16)
+    return 100
 
 
 # Celery enforces no time limit on a threads pool: this does (tasks/watchdog.py).

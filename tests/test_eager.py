@@ -279,6 +279,13 @@ def test_a_redelivered_task_sends_the_steps_a_dead_process_held(local: Any) -> N
 def test_a_threads_worker_keeps_a_database_connection_for_each_task_it_runs_at_once(
     cluster: Cluster,
 ) -> None:
+    big = cluster.worker(concurrency=150, pool="threads")
+    assert cluster.wait(cluster.client.enqueue_run("w1", "go", actor="user-7")).status == (
+        "completed"
+    )
+    # And Redis connections: redis-py 8 allows 100 by default, fewer than its tasks.
+    assert "166 Redis connections" in big.log(), big.log()
+    big.stop()
     threads = cluster.worker(concurrency=12, pool="threads")
     ids = [cluster.client.enqueue_run("w1", "go", actor="user-7") for _ in range(12)]
     for run_id in ids:
