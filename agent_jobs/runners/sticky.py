@@ -1,24 +1,24 @@
 """Runs whose loop stays suspended in this process between passes (sticky execution).
 
 A pass replays a run's loop from its start: every recorded step returns its result
-again, which costs more as the run grows. Here the loop runs in a thread of its own
-instead, and where a pass would suspend (a remote step in flight, a human wait, a
-delegated run, a fan-out whose members wait) the thread parks: the pass that drove it
-commits, and the loop waits where it stopped. The next pass of the run in this process
-hands it that pass's connection, its run row and its journal, and the loop goes on from
-there, replaying nothing.
+again, which costs more as the run grows. Here the loop runs in a greenlet instead (a
+stack of its own, switched to and from in the pass's thread: no thread, no lock, no
+wake-up of another thread). Where a pass would suspend (a remote step in flight, a
+human wait, a delegated run, a fan-out whose members wait) the loop parks: it switches
+back to the pass, which commits, and the loop waits where it stopped. The next pass of
+the run in this thread hands it that pass's connection, its run row and its journal,
+and switches to it: the loop goes on from there, replaying nothing. A prefork pool
+process runs every pass in one thread; a threads pool runs a chain of steps (the fast
+path) in the thread of its task, so the passes of a chain resume the loop there.
 
-The journal stays the truth. A parked loop is resumed only if the journal holds the
-rows it knows and no others (the steps it waits on may have finished): any other
-process's pass adds rows, so a run that moved on elsewhere is replayed as before, and
-the parked loop is let go of (its thread unwinds). So is a loop whose pass did not
-commit, the loop of a run that ended, the least recently used beyond `capacity`, and
-one parked for `idle` seconds (the run went on in another process, or waits for a
-person: its next pass replays it). A process that dies loses nothing but the time a
-replay takes.
-
-The loop and the pass take turns: one of them runs at any time, so the hooks they share
-need no lock.
+The journal stays the truth. A parked loop is resumed only in its own thread and only
+if the journal holds the rows it knows and no others (the steps it waits on may have
+finished): any other process's pass adds rows, so a run that moved on elsewhere is
+replayed as before, and the parked loop is let go of (unwound). So is a loop whose
+pass did not commit, the loop of a run that ended, the least recently used beyond
+`capacity`, and one parked for `idle` seconds (the run went on in another process, or
+waits for a person: its next pass replays it). A process that dies loses nothing but
+the time a replay takes.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from ..errors import Suspend
+import greenlet
 
-Outcome = tuple[Literal["parked", "result", "error"], Any]
+from ..errors import Suspend
 
 
 class Abandoned(BaseException):
@@ -42,104 +42,86 @@ class Abandoned(BaseException):
 
 
 class ParkedLoop:
-    """A run's loop, in its thread, and the turns it takes with the passes."""
+    """A run's loop, in a greenlet of the thread that started it, and the turns it
+    takes with the passes."""
 
     def __init__(self, run_id: str, created_at: datetime, hooks: Any) -> None:
         self.run_id = run_id
         self.created_at = created_at
         self.hooks = hooks
-        self._cond = threading.Condition()
-        self._state: Literal["running", "parked", "done", "abandoned"] = "running"
-        self._outcome: Outcome = ("error", RuntimeError("the loop never ran"))
-        self._context: contextvars.Context | None = None
-        self._doomed = False  # let go of while running: it unwinds where it would park
+        self.thread = threading.get_ident()
+        self._state: Literal["new", "running", "parked", "done", "abandoned"] = "new"
+        self._loop: greenlet.greenlet | None = None
         self.parked_at = 0.0  # monotonic
 
     # --- the pass's side ---------------------------------------------------------------
 
     def start(self, body: Callable[[], Any]) -> Any:
-        """Run `body` (the loop) in a thread of its own until it parks or ends; as
+        """Run `body` (the loop) in a greenlet of its own until it parks or ends; as
         `resume`."""
-        self._context = contextvars.copy_context()
-        thread = threading.Thread(
-            target=self._main, args=(body,), name=f"loop-{self.run_id[:8]}", daemon=True
-        )
-        with self._cond:
-            thread.start()
-            return self._until_parked()
+        self.thread = threading.get_ident()
+        self._loop = greenlet.greenlet(self._main)
+        return self._switch(body)
 
     def resume(self) -> Any:
         """Let the parked loop go on (its hooks rebound to this pass); returns its result
         when it ends, raises what it raised, or the `Suspend` it parked on."""
-        self._context = contextvars.copy_context()
-        with self._cond:
-            if self._state != "parked":
-                raise RuntimeError(f"the loop of {self.run_id} is {self._state}, not parked")
-            self._state = "running"
-            self._cond.notify_all()
-            return self._until_parked()
+        if not self.resumable:
+            raise RuntimeError(f"the loop of {self.run_id} is not parked in this thread")
+        return self._switch()
 
     @property
     def parked(self) -> bool:
         return self._state == "parked"
 
-    def abandon(self) -> None:
-        """Let go of the loop: its thread unwinds, at once if parked, else where it would
-        park next (a pass that gave up waiting for it)."""
-        with self._cond:
-            self._doomed = True
-            if self._state == "parked":
-                self._state = "abandoned"
-                self._cond.notify_all()
+    @property
+    def resumable(self) -> bool:
+        """Parked, and in the calling thread (a greenlet runs in its own thread only)."""
+        return self.parked and self.thread == threading.get_ident()
 
-    def _until_parked(self) -> Any:
-        while self._state == "running":
-            self._cond.wait()
-        kind, value = self._outcome
+    def abandon(self) -> None:
+        """Let go of the loop: unwound at once if it is parked in this thread; in another
+        thread, greenlet unwinds it there once nothing refers to it."""
+        loop, self._loop = self._loop, None
+        if self._state == "parked" and loop is not None and self.thread == threading.get_ident():
+            loop.parent = greenlet.getcurrent()
+            loop.throw(Abandoned)
+        self._state = "abandoned"
+
+    def _switch(self, *args: Any) -> Any:
+        loop = self._loop
+        assert loop is not None
+        loop.parent = greenlet.getcurrent()  # where it comes back to, parked or ended
+        loop.gr_context = contextvars.copy_context()  # the pass's log context
+        self._state = "running"
+        kind, value = loop.switch(*args)
         if kind == "result":
             return value
+        if kind == "abandoned":
+            raise RuntimeError(f"the loop of {self.run_id} was let go of")
         raise value  # the Suspend it parked on, or what the loop raised
 
     # --- the loop's side ---------------------------------------------------------------
 
     def park(self, signal: Suspend) -> None:
-        """Called by the loop where a pass suspends: wait for the next pass (or raise
-        `Abandoned`)."""
-        with self._cond:
-            if self._doomed:
-                self._outcome = ("error", RuntimeError(f"the loop of {self.run_id} was let go of"))
-                self._state = "abandoned"
-                self._cond.notify_all()
-                raise Abandoned
-            self._outcome = ("parked", signal)
-            self._state = "parked"
-            self.parked_at = time.monotonic()
-            self._cond.notify_all()
-            while self._state == "parked":
-                self._cond.wait()
-            if self._state == "abandoned":
-                raise Abandoned
-        self._enter_context()
+        """Called by the loop where a pass suspends: back to the pass, until the next
+        pass switches here again (or `Abandoned` is thrown in)."""
+        back = greenlet.getcurrent().parent
+        assert back is not None  # the pass that switched to it
+        self._state = "parked"
+        self.parked_at = time.monotonic()
+        back.switch(("parked", signal))
 
-    def _main(self, body: Callable[[], Any]) -> None:
-        self._enter_context()
-        outcome: Outcome
+    def _main(self, body: Callable[[], Any]) -> tuple[str, Any]:
         try:
-            outcome = ("result", body())
-        except Abandoned:
-            return
+            outcome: tuple[str, Any] = ("result", body())
+        except (Abandoned, greenlet.GreenletExit):
+            self._state = "abandoned"
+            return ("abandoned", None)
         except BaseException as exc:  # handed to the pass, which raises it
             outcome = ("error", exc)
-        with self._cond:
-            self._outcome = outcome
-            self._state = "done"
-            self._cond.notify_all()
-
-    def _enter_context(self) -> None:
-        """The log context of the pass now driving the loop."""
-        if self._context is not None:
-            for var, value in self._context.items():
-                var.set(value)
+        self._state = "done"
+        return outcome
 
 
 class StickyLoops:
@@ -170,7 +152,7 @@ class StickyLoops:
         known = loop.hooks.by_name
         if (
             loop.created_at == created_at
-            and loop.parked
+            and loop.resumable
             and len(read.known) + len(read.loaded) == len(loop.hooks.by_seq)
             and all(row.step in known for row in self.changed(loop.hooks, read))
         ):

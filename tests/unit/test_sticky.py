@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -52,7 +50,7 @@ def test_the_loop_and_its_passes_take_turns() -> None:
         loop.resume()
     assert did == ["first", "second"]
     assert loop.resume() == "done" and not loop.parked
-    with pytest.raises(RuntimeError, match="not parked"):
+    with pytest.raises(RuntimeError, match="not parked in this thread"):
         loop.resume()
 
 
@@ -66,13 +64,40 @@ def test_what_the_loop_raises_is_raised_in_the_pass() -> None:
         loop.start(body)
 
 
-def test_a_loop_let_go_of_unwinds_its_thread() -> None:
-    loop, _ = _parked("gone-run", _hooks([]))
+def test_a_loop_let_go_of_unwinds() -> None:
+    loop = ParkedLoop("gone-run", BORN, _hooks([]))
+    unwound: list[bool] = []
+
+    def body() -> None:
+        try:
+            loop.park(Suspend("a"))
+        finally:
+            unwound.append(True)
+
+    with pytest.raises(Suspend):
+        loop.start(body)
     loop.abandon()
-    deadline = time.monotonic() + 5
-    while any(t.name == "loop-gone-run" for t in threading.enumerate()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    assert unwound == [True] and not loop.parked
+
+
+def test_a_loop_parked_in_another_thread_is_not_resumed_here() -> None:
+    """A greenlet runs in the thread that made it: a pass of another thread replays."""
+    loops = StickyLoops()
+    parked: list[ParkedLoop] = []
+
+    def other() -> None:
+        loop, _ = _parked("r", _hooks([]))
+        loops.keep(loop)
+        parked.append(loop)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    [loop] = parked
+    assert loop.parked and not loop.resumable
+    with pytest.raises(RuntimeError, match="not parked in this thread"):
+        loop.resume()
+    assert loops.take("r", BORN, Read(None, [], [])) is None and len(loops) == 0
 
 
 def test_a_parked_loop_is_taken_only_for_the_journal_it_knows() -> None:
@@ -104,35 +129,3 @@ def test_loops_beyond_capacity_or_idle_too_long_are_let_go_of() -> None:
     assert [loop.run_id for loop in loops.purge(0)] == ["b", "c"] and len(loops) == 0
     off = StickyLoops(capacity=0)
     assert off.take("a", BORN, Read(None, [], [])) is None
-
-
-def test_a_loop_let_go_of_while_it_runs_unwinds_where_it_would_park() -> None:
-    """The pass that drove it gave up waiting (an exception in the pass's thread)."""
-    loop = ParkedLoop("doomed-run", BORN, _hooks([]))
-    running, release = threading.Event(), threading.Event()
-    unwound: list[bool] = []
-
-    def body() -> None:
-        running.set()
-        release.wait(5)
-        try:
-            loop.park(Suspend("never"))
-        except BaseException:
-            unwound.append(True)
-            raise
-
-    pass_thread = threading.Thread(target=lambda: _swallow(loop.start, body), daemon=True)
-    pass_thread.start()
-    assert running.wait(5)
-    loop.abandon()  # while it runs
-    release.set()
-    deadline = time.monotonic() + 5
-    while not unwound:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert not loop.parked
-
-
-def _swallow(start: Any, body: Any) -> None:
-    with contextlib.suppress(BaseException):
-        start(body)
