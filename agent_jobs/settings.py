@@ -78,7 +78,7 @@ class Settings(SettingsBase):
     eager_steps: bool = True
     eager_budget: float = 30.0
     eager_max_steps: int = 100
-    # A run's loop waits in the worker process between passes (in a thread of its own),
+    # A run's loop waits in the worker process between passes (in a greenlet),
     # so the next pass there goes on from where it stopped instead of replaying.
     sticky_loops: bool = True
     sticky_idle: float = Field(default=60.0, gt=0)  # then the next pass replays it

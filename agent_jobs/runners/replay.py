@@ -92,7 +92,7 @@ class DurableHooks(LoopHooks):
         self.pos = 0
         self.in_block = False  # inside a fan-out: steps are found by name
         self.block_end = 0  # the last position a fan-out's steps took
-        # Where the loop parks instead of suspending, when it runs in a thread of its own
+        # Where the loop parks instead of suspending, when it runs in a greenlet of its own
         # that outlives the pass (runners/sticky.py); the rows its last pass read as
         # final, which never change.
         self.sticky: ParkedLoop | None = None
@@ -366,7 +366,7 @@ def hooks_for(
 
 def drive(hooks: DurableHooks, loops: StickyLoops, body: Callable[[], T]) -> T:
     """Run the loop (`body`) for the pass: the parked loop resumed, or the loop from its
-    start, in a thread of its own when loops outlive their passes (`loops` keeps any)."""
+    start, in a greenlet of its own when loops outlive their passes (`loops` keeps any)."""
     if hooks.sticky is not None:
         result: T = hooks.sticky.resume()
         return result
