@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ..checkpoints import model_prefix
+from ..session import INBOX
+from ..store import journal as journal_rows
+
 FINAL = frozenset({"done", "failed"})
 
 
@@ -116,9 +120,6 @@ def lock_and_read(cache: JournalCache, conn: Any, run_id: str, completion: Any |
     """The run's row, locked, and its journal with a step's `completion` written first
     (runners/step_tasks.Completion), in one round trip: the final rows `cache` knows, and
     from the database only the rows after them."""
-    from ..checkpoints import model_prefix
-    from ..session import INBOX
-    from ..store import journal as journal_rows
 
     outcome = None if completion is None else {"step": completion.step, **completion.outcome}
     latest = cache.latest(run_id)

@@ -190,7 +190,10 @@ def _run(
     """The statements' rows, and the last one's row count: one round trip, with the
     waiting statements ahead of them."""
     _in_transaction(conn)
-    compiled = [(entry, entry.params(v)) for entry, v in _compiled(conn, statements)]
+    compiled = []
+    for statement, values in statements:
+        entry = _compile(conn, statement, frozenset(values))
+        compiled.append((entry, entry.params(values)))
     raw = _raw(conn)
     waiting = conn.info.pop(_WAITING, None)
     after: list[tuple[str, None]] = []
@@ -219,12 +222,6 @@ def _reads_only(conn: Connection) -> bool:
     return bool(conn.get_execution_options().get(READ_ONLY, False))
 
 
-def _compiled(
-    conn: Connection, statements: Sequence[tuple[Executable, Mapping[str, Any]]]
-) -> list[tuple[_Compiled, Mapping[str, Any]]]:
-    return [(_compile(conn, s, frozenset(v)), v) for s, v in statements]
-
-
 def _raw(conn: Connection) -> psycopg.Connection[Any]:
     return cast("psycopg.Connection[Any]", conn.connection.driver_connection)
 
@@ -246,9 +243,8 @@ def _flush(conn: Connection, waiting: list[tuple[str, Any]], *, commit: bool = F
     raw = _raw(conn)
     try:
         with raw.pipeline():
-            _send(raw, waiting)
-            if commit:  # a plain COMMIT: psycopg's own would sync once more
-                raw.execute("COMMIT")
+            # A plain COMMIT: psycopg's own would sync once more.
+            _send(raw, [*waiting, _COMMIT] if commit else waiting)
     except psycopg.Error as exc:
         raise _wrapped(conn, exc, waiting[-1][0], waiting[-1][1]) from exc
 
