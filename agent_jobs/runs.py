@@ -16,6 +16,7 @@ from . import session
 from .app import AgentApp
 from .errors import InvalidRequestError
 from .store import RunView, Store, threads
+from .store import events as event_rows
 from .store import runs as run_rows
 from .store.db import utcnow
 
@@ -91,7 +92,12 @@ def post_message(
     A `next-turn` message to an idle thread whose last run belongs to `runner` starts
     that thread's next turn at once.
     """
-    thread_id, _ = session.resolve_thread(conn, run_or_thread)
+    thread_id, run = session.resolve_thread(conn, run_or_thread)
+    if run is not None:
+        # The thread's row first, as a turn's end takes it (for its events) before it
+        # looks for a next-turn message: the two are ordered, so either the end sees
+        # this message or this sees the run ended. Resolving by thread took it already.
+        event_rows.lock_thread(conn, thread_id)
     active = session.active_run(conn, thread_id)
     session.push(conn, thread_id, active.id if active else None, target, text)
     if target != "next-turn" or active is not None:

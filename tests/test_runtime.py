@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from agent_jobs import session
-from agent_jobs.runs import RunRequest, create_run
+from agent_jobs import AgentApp, ScriptedModel, session
+from agent_jobs.runs import RunRequest, create_run, post_message, start_next_turn
 from agent_jobs.session import Event, fold_consumed_work, fold_inbox
-from agent_jobs.store import Store
+from agent_jobs.store import RunView, Store
+from agent_jobs.store import events as event_rows
+from agent_jobs.store import runs as run_rows
 
 from .apps import executed
+from .conftest import truncate_all
 from .harness import Harness
-from .helpers import whole_request
+from .helpers import add_run, whole_request
 
 
 def journal(h: Harness, run_id: str) -> dict[str, dict[str, Any]]:
@@ -314,3 +318,40 @@ def test_a_switch_to_another_provider_uses_that_providers_adapter(
     other = _model_for(agent, ModelSettings(provider="anthropic", model="claude-haiku-4-5"))
     assert other.name == "anthropic:claude-haiku-4-5"
     assert _model_for(agent, ModelSettings()) is agent.model
+
+
+def test_a_next_turn_message_posted_while_the_turn_ends_is_never_stranded(pg_url: str) -> None:
+    """A turn's end and a `next-turn` post to its run race: the ending pass holds the
+    thread's row (its events) while it looks for a queued message, and the post waits for
+    that row. Whichever commits first, the message becomes a run. Before, the post looked
+    at the run first (still running), only queued its message, and nothing ever took it."""
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    app = AgentApp()
+    app.agent("a", model=ScriptedModel([{"text": "ok"}]))
+    add_run(store, "r1", runner="durable")
+    started: list[str | None] = []
+
+    def post() -> None:
+        with store.begin() as conn:
+            _, next_run = post_message(
+                conn, app, "r1", "and then?", target="next-turn", runner="durable"
+            )
+        started.append(next_run)
+
+    try:
+        with store.begin() as conn:  # the pass that ends the turn, as finish_turn does
+            run_rows.finish_run(conn, "r1", "completed", output="ok")
+            event_rows.append(conn, [("t1", "r1", "turn/end", {"reason": "completed"})])
+            ended = RunView.from_row(run_rows.get_run(conn, "r1"))
+            assert start_next_turn(conn, app, ended, runner="durable") is None
+            poster = threading.Thread(target=post, daemon=True)
+            poster.start()
+            time.sleep(0.5)  # the post now waits for the thread's row
+        poster.join(10)
+        assert not poster.is_alive()
+        [next_run] = started
+        assert next_run is not None, "the message was queued behind a turn that had ended"
+        assert store.get_run(next_run).input == "and then?"
+    finally:
+        store.engine.dispose()
