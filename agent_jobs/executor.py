@@ -121,9 +121,9 @@ def _persist_user(intent: Any, conn: Connection, env: StepEnv, step: str) -> Per
 
 
 def _load_thread(intent: Any, conn: Connection, env: StepEnv, step: str) -> ThreadSnapshot:
-    # Whether the thread was ever answered is asked of the whole thread, not the window.
-    title, answered = threads.title_and_answered(conn, intent.thread_id)
-    messages = threads.thread_messages(conn, intent.thread_id, limit=intent.message_limit)
+    title, answered, messages = threads.turn_snapshot(
+        conn, intent.thread_id, limit=intent.message_limit
+    )
     return ThreadSnapshot(messages=messages, title=title, answered=answered)
 
 

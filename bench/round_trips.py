@@ -68,13 +68,17 @@ def drive(url: str, redis_url: str, eager: str, runs: int = 3) -> int:
 
 
 def count(trace: Path) -> tuple[int, int]:
-    """(round trips, sends) between the markers, on the Postgres sockets."""
-    sockets: set[tuple[str, int]] = set()
+    """(round trips, sends) between the markers, on the Postgres sockets.
+
+    The child is one process: its threads share its descriptors, so a socket is known by
+    its descriptor alone (strace -f names each thread by its own id), until it is closed.
+    """
+    sockets: set[int] = set()
     inside, last, trips, sends = False, "", 0, 0
     for line in trace.read_text(errors="replace").splitlines():
         pid, _, call = line.partition(" ")
         if not pid.isdigit():  # a trace of one process has no pid column
-            pid, call = "", line
+            call = line
         call = call.lstrip()  # strace pads the pid column
         if "ROUND-TRIPS-START" in call:
             inside = True
@@ -83,9 +87,11 @@ def count(trace: Path) -> tuple[int, int]:
         elif m := re.match(
             r"connect\((\d+), \{sa_family=AF_INET6?, sin6?_port=htons\(5432\)", call
         ):
-            sockets.add((pid, int(m.group(1))))
+            sockets.add(int(m.group(1)))
+        elif m := re.match(r"close\((\d+)\)", call):
+            sockets.discard(int(m.group(1)))
         elif m := re.match(r"(sendto|write|recvfrom|read)\((\d+),", call):
-            if (pid, int(m.group(2))) not in sockets or call.rstrip().endswith("EAGAIN)"):
+            if int(m.group(2)) not in sockets or call.rstrip().endswith("EAGAIN)"):
                 continue
             kind = "send" if m.group(1) in ("sendto", "write") else "receive"
             if inside and kind == "send":
@@ -130,7 +136,7 @@ def _traced(strace: str, url: str, redis_url: str, mode: str) -> tuple[int, int,
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace"
         child = [sys.executable, "-m", "bench.round_trips", "--child", url, redis_url, mode]
-        calls = "trace=connect,sendto,recvfrom,read,write"
+        calls = "trace=connect,close,sendto,recvfrom,read,write"
         done = subprocess.run(
             [strace, "-f", "-e", calls, "-o", str(trace), *child],
             cwd=ROOT,

@@ -98,17 +98,34 @@ _NEWEST = (
 def thread_messages(conn: Connection, thread_id: str, *, limit: int | None = None) -> list[Message]:
     """The thread's messages, oldest first: all of them, or the newest `limit` rows,
     bounded by the database and projected to the columns a model turn needs."""
+    [rows] = driver.batch(conn, [_messages_query(thread_id, limit)])
+    return _in_order(rows, limit)
+
+
+def turn_snapshot(
+    conn: Connection, thread_id: str, *, limit: int | None = None
+) -> tuple[str | None, bool, list[Message]]:
+    """What a turn starts from, in one round trip: the thread's title, whether it was
+    ever answered (asked of the whole thread, not the window), and its messages as
+    `thread_messages` gives them."""
+    title_rows, rows = driver.batch(
+        conn,
+        [(_TITLE_AND_ANSWERED, {"thread_id": thread_id}), _messages_query(thread_id, limit)],
+    )
+    title, answered = (
+        (title_rows[0].title, bool(title_rows[0].answered)) if title_rows else (None, False)
+    )
+    return title, answered, _in_order(rows, limit)
+
+
+def _messages_query(thread_id: str, limit: int | None) -> tuple[Any, dict[str, Any]]:
     if limit is None:
-        rows = driver.rows(conn, _THREAD, {"thread_id": thread_id})
-    else:
-        rows = driver.rows(conn, _NEWEST, {"thread_id": thread_id, "limit": limit})[::-1]
-    return [_to_message(row) for row in rows]
+        return _THREAD, {"thread_id": thread_id}
+    return _NEWEST, {"thread_id": thread_id, "limit": limit}
 
 
-def title_and_answered(conn: Connection, thread_id: str) -> tuple[str | None, bool]:
-    """The thread's title, and whether it was ever answered, in one query."""
-    row = driver.first(conn, _TITLE_AND_ANSWERED, {"thread_id": thread_id})
-    return (row.title, bool(row.answered)) if row is not None else (None, False)
+def _in_order(rows: list[Any], limit: int | None) -> list[Message]:
+    return [_to_message(row) for row in (rows if limit is None else rows[::-1])]
 
 
 _TITLE_AND_ANSWERED = select(
