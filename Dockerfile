@@ -12,7 +12,15 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent_jobs ./agent_jobs
 COPY tasks ./tasks
-RUN pip install . \
+# With every door's extra: the HTTP API (`agent-jobs serve`), Prometheus metrics and
+# OpenTelemetry traces, each off until its settings turn it on. Flower's config file,
+# installed with the package, at a path that does not change with Python's version:
+# `celery -A tasks flower --conf=/etc/agent-jobs/flowerconfig.py`.
+RUN pip install '.[api,metrics,otel]' \
+    && mkdir -p /etc/agent-jobs \
+    && ln -s "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/tasks/flowerconfig.py" \
+        /etc/agent-jobs/flowerconfig.py \
+    && test -f /etc/agent-jobs/flowerconfig.py \
     && useradd --create-home --uid 10001 agentjobs \
     && mkdir -p /var/lib/agent-jobs \
     && chown agentjobs /var/lib/agent-jobs

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Literal
 
-from . import session
+from . import session, tracing
 from .app import AgentApp
 from .approvals.record import record_answers, record_decision
 from .checkpoints import Decision
@@ -53,9 +53,9 @@ class Client:
             if settings.broker_url
             else None
         )
-        return cls(
-            Store.from_url(settings.database_url), load_app(settings.app), settings, dispatcher
-        )
+        app = load_app(settings.app)
+        tracing.setup(settings)  # after the app, which may have set OpenTelemetry up itself
+        return cls(Store.from_url(settings.database_url), app, settings, dispatcher)
 
     def _broker(self) -> CeleryDispatcher:
         if self.dispatcher is None:
@@ -82,7 +82,7 @@ class Client:
         returned: the run is recorded and queued and the sweep starts it, where an error
         would invite a retry that records the same request twice.
         """
-        dispatcher = self._broker()
+        self._broker()  # no broker: refused before the request is looked at
         request = RunRequest.of(
             agent,
             input,
@@ -92,13 +92,21 @@ class Client:
             persona=persona,
             metadata=metadata,
         )
+        return self.admit(request)[0]
+
+    def admit(self, request: RunRequest) -> tuple[str, bool]:
+        """`enqueue_run` for a request already validated: (run id, whether it is new).
+
+        A run id that is taken finds the run already there: nothing is written or sent.
+        """
+        dispatcher = self._broker()
         run_id, created = admit_run(
             self.store, self.app, request, runner="durable", status="queued"
         )
         if created:
             # The row is written, so a re-drive is all a worker needs: no start_run.
             self._send(dispatcher, run_id, QUEUED)
-        return run_id
+        return run_id, created
 
     def _send(self, dispatcher: CeleryDispatcher, run_id: str, then: str) -> None:
         """Ask a worker to re-drive a run whose new state is already committed; a broker

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -62,6 +63,66 @@ def routing_config(queue: str | None = None) -> dict[str, Any]:
     }
 
 
+# --- what Flower shows of a task -----------------------------------------------------------
+#
+# A task's arguments are `(run_id, step)`; shown as they are, the 32-character run id comes
+# first and the step is cut off. Shown instead: what a person looks for first, the step
+# (and a tool call's tool) then the run, cut short (`model:2 · run 6b79ab12…`); the
+# arguments whole, by name, as the task's kwargs (`{'run_id': '…', 'step': 'model:2'}`),
+# which Flower's search finds (`kwargs:run_id=…`). Display only: a worker acts on the
+# message's real arguments.
+
+SHORT_RUN_ID = 16  # longer run ids are cut to their first 8 characters
+
+
+def short_run_id(run_id: str) -> str:
+    return run_id if len(run_id) <= SHORT_RUN_ID else run_id[:8] + "…"
+
+
+def run_label(head: str, run_id: str | None) -> str:
+    """`<head> · run <run id, cut short>`: `model:2 · run 6b79ab12…`."""
+    return f"{head} · run {short_run_id(run_id)}" if run_id else head
+
+
+def step_label(task: str, run_id: str, step: str | None = None, tool: str | None = None) -> str:
+    """A coordinate or step task's arguments as Flower shows them: `coordinate · run …`,
+    `model:2 · run …`, `tool:call_3 lookup_order · run …`."""
+    head = step or task.rsplit(".", 1)[-1]
+    return run_label(f"{head} {tool}" if tool else head, run_id)
+
+
+def step_reprs(
+    task: str, run_id: str, step: str | None = None, tool: str | None = None
+) -> tuple[str, str]:
+    """The `argsrepr` and `kwargsrepr` of a coordinate or step task."""
+    named = {"run_id": run_id} if step is None else {"run_id": run_id, "step": step}
+    return step_label(task, run_id, step, tool), repr(named)
+
+
+def start_run_label(kwargs: Any, task_id: str) -> str:
+    """A `start_run` task's arguments as Flower shows them: `start_run support · run …`
+    (the run is named after the task unless the request names it). Built from what was
+    sent, checked or not: display only."""
+    agent = kwargs.get("agent") if isinstance(kwargs, Mapping) else None
+    run_id = kwargs.get("run_id") if isinstance(kwargs, Mapping) else None
+    head = f"start_run {agent[:64]}" if isinstance(agent, str) and agent else "start_run"
+    return run_label(head, run_id[:64] if isinstance(run_id, str) and run_id else task_id)
+
+
+def tool_of(intent: Any) -> str | None:
+    """The tool a remote step's intent (as journaled) calls, if it calls one."""
+    if isinstance(intent, Mapping) and intent.get("type") == "invoke_tool":
+        call = intent.get("call")
+        name = call.get("name") if isinstance(call, Mapping) else None
+        return name if isinstance(name, str) else None
+    return None
+
+
+def tools_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Step name to tool, of the journal rows (as inserted) that call a tool."""
+    return {row["step"]: tool for row in rows if (tool := tool_of(row.get("intent")))}
+
+
 def own_queue(name: str) -> tuple[str, str | None]:
     """A step's task name as sent (`task` or `task@queue`): the task, and its own queue."""
     task, _, queue = name.partition("@")
@@ -100,24 +161,50 @@ class CeleryDispatcher:
         self.queue: str = celery.conf.task_default_queue or QUEUE
 
     def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
-        self.celery.send_task(COORDINATE, args=[run_id], queue=self.queue, countdown=countdown)
+        argsrepr, kwargsrepr = step_reprs(COORDINATE, run_id)
+        self.celery.send_task(
+            COORDINATE,
+            args=[run_id],
+            queue=self.queue,
+            countdown=countdown,
+            argsrepr=argsrepr,
+            kwargsrepr=kwargsrepr,
+        )
 
     def steps(
-        self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
+        self,
+        run_id: str,
+        steps: Sequence[tuple[str, str]],
+        *,
+        countdown: float | None = None,
+        tools: Mapping[str, str] | None = None,
     ) -> None:
+        """`Dispatcher.steps`; `tools` names the tool of a tool call's step, for Flower."""
         if not steps:
             return
+        tools = tools or {}
         if len(steps) == 1:
             task, queue = self._route(steps[0][0])
-            args = [run_id, steps[0][1]]
+            step = steps[0][1]
+            argsrepr, kwargsrepr = step_reprs(task, run_id, step, tools.get(step))
             # Celery takes a Queue where its stubs say str.
-            self.celery.send_task(task, args=args, queue=queue, countdown=countdown)  # type: ignore[arg-type]
+            self.celery.send_task(
+                task,
+                args=[run_id, step],
+                queue=queue,  # type: ignore[arg-type]
+                countdown=countdown,
+                argsrepr=argsrepr,
+                kwargsrepr=kwargsrepr,
+            )
             return
         # A fan-out of reads: one group, every member re-drives the run when it ends.
         # No chord: the coordinator itself notices when all have settled.
         signatures: list[Any] = [
-            self.celery.signature(task, args=[run_id, step], queue=queue)
+            self.celery.signature(
+                task, args=[run_id, step], queue=queue, argsrepr=shown[0], kwargsrepr=shown[1]
+            )
             for (task, queue), step in ((self._route(name), step) for name, step in steps)
+            for shown in [step_reprs(task, run_id, step, tools.get(step))]
         ]
         if countdown is None:
             group(signatures).apply_async()
@@ -132,7 +219,14 @@ class CeleryDispatcher:
         return task, task_queues(queue)[0]
 
     def start_run(self, kwargs: dict[str, Any], *, task_id: str | None = None) -> str:
-        result = self.celery.send_task(START_RUN, kwargs=kwargs, task_id=task_id, queue=self.queue)
+        task_id = task_id or str(uuid.uuid4())
+        result = self.celery.send_task(
+            START_RUN,
+            kwargs=kwargs,
+            task_id=task_id,
+            queue=self.queue,
+            argsrepr=start_run_label(kwargs, task_id),
+        )
         return str(result.id)
 
 
@@ -172,17 +266,31 @@ class ResendingDispatcher:
         self._send(send, f"re-drive of run {run_id}")
 
     def steps(
-        self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
+        self,
+        run_id: str,
+        steps: Sequence[tuple[str, str]],
+        *,
+        countdown: float | None = None,
+        tools: Mapping[str, str] | None = None,
     ) -> None:
+        """`Dispatcher.steps`; `tools` (step to tool, for Flower) reaches a Celery
+        dispatcher only: another dispatcher has no use for it."""
         if not steps:
             return
         chosen = list(steps)
         names = " ".join(step for _, step in chosen)
-        if countdown is None:
-            self._send(lambda: self.inner.steps(run_id, chosen), f"{names} of run {run_id}")
+        inner = self.inner
+        if tools and isinstance(inner, CeleryDispatcher):
+            named = dict(tools)
+            self._send(
+                lambda: inner.steps(run_id, chosen, countdown=countdown, tools=named),
+                f"{names} of run {run_id}",
+            )
+        elif countdown is None:
+            self._send(lambda: inner.steps(run_id, chosen), f"{names} of run {run_id}")
         else:
             self._send(
-                lambda: self.inner.steps(run_id, chosen, countdown=countdown),
+                lambda: inner.steps(run_id, chosen, countdown=countdown),
                 f"{names} of run {run_id}",
             )
 

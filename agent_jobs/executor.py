@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
-from . import diagnostics, prestep, session
+from . import diagnostics, observe, prestep, session
 from .app import AgentApp, AgentSpec
 from .checkpoints import (
     CallVerdict,
@@ -66,6 +66,9 @@ class StepEnv:
     events: list[event_rows.PendingEvent] = field(default_factory=list)
     # The thread's inbox events (session.INBOX), read with the pass's first statement.
     inbox: list[Any] | None = None
+    # Metrics and spans of what the caller's transaction records (agent_jobs.observe):
+    # reported by `flush`, once it has committed.
+    committed: list[Callable[[], None]] = field(default_factory=list)
 
     def emit_after_commit(self, type: str, **fields: Any) -> None:
         self.frames.append((type, fields))
@@ -95,6 +98,9 @@ class StepEnv:
     def flush(self) -> None:
         frames, self.frames = self.frames, []
         self.stream.emit_many(frames)
+        if self.committed:
+            reported, self.committed = self.committed, []
+            observe.report(reported)
 
 
 # --- local steps -------------------------------------------------------------------
@@ -139,6 +145,7 @@ def _record_usage(intent: Any, conn: Connection, env: StepEnv, step: str) -> Don
         model=intent.model,
         spent=intent.usage,
     )
+    observe.tokens(env, intent.model, intent.usage)
     return Done()
 
 

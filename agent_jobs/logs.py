@@ -11,6 +11,7 @@ whose names say they hold one are dropped.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import logging
 import sys
@@ -85,9 +86,14 @@ def _celery_fields(data: Mapping[str, Any]) -> dict[str, Any]:
             fields["run_id"] = args[0]
         if len(args) > 1 and isinstance(args[1], str):
             fields["step"] = args[1]
+    kwargs = _literal(data.get("kwargs"))
+    if isinstance(kwargs, dict):
+        # Our step tasks show their arguments by name (agent_jobs.dispatch.step_reprs).
+        for key in ("run_id", "step"):
+            if isinstance(kwargs.get(key), str):
+                fields[key] = kwargs[key]
     if data.get("name") == START_RUN:
         # Without a run_id, a started run is named after its task: its id is the task id.
-        kwargs = _literal(data.get("kwargs"))
         run_id = kwargs.get("run_id") if isinstance(kwargs, dict) else None
         fields["run_id"] = run_id if isinstance(run_id, str) and run_id else data.get("id")
     return {k: v for k, v in fields.items() if v is not None}
@@ -137,8 +143,12 @@ def known_secrets() -> list[str]:
 
     found: list[str] = []
     settings = get_settings()
-    if settings.approval_secret is not None:
-        found.append(settings.approval_secret.get_secret_value())
+    for secret in (settings.approval_secret, settings.database_password, settings.metrics_token):
+        if secret is not None:
+            found.append(secret.get_secret_value())
+    if settings.api_tokens is not None:  # the HTTP API's bearer tokens (a JSON object)
+        with contextlib.suppress(ValueError, AttributeError):
+            found.extend(json.loads(settings.api_tokens.get_secret_value()).keys())
     for url in (settings.database_url, settings.broker_url, settings.redis_url):
         password = urlsplit(url).password if url else None
         if password:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import Connection
 
-from . import session
+from . import session, tracing
 from .app import AgentApp
 from .errors import InvalidRequestError
 from .store import RunView, Store, threads
@@ -125,10 +125,13 @@ def create_run(
     parent_run_id: str | None = None,
     root_run_id: str | None = None,
     depth: int = 0,
+    trace_context: dict[str, str] | None = None,
 ) -> bool:
     """Write the thread (if new) and the run row; False when the run already exists.
 
-    With the app at hand, an agent's `default_timeout` becomes the run's deadline.
+    With the app at hand, an agent's `default_timeout` becomes the run's deadline. With
+    tracing on, the run keeps `trace_context` (a run it follows from), else the current
+    one, else a root of its own (agent_jobs/tracing.py).
     """
     thread_id = request.thread_id or run_id
     threads.ensure_thread(conn, thread_id)
@@ -147,6 +150,7 @@ def create_run(
         parent_run_id=parent_run_id,
         root_run_id=root_run_id,
         depth=depth,
+        trace_context=tracing.context_for_run(run_id, request.agent, trace_context),
     )
     timeout = app.get_agent(request.agent).options.default_timeout if app is not None else None
     if created and timeout:
@@ -171,5 +175,8 @@ def start_next_turn(
         metadata={"after_run": previous.run_id},
     )
     status: run_rows.RunStatus = "queued" if runner == "durable" else "running"
-    create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
+    context = previous.trace_context  # the thread's turns in one trace
+    create_run(
+        conn, request, run_id=run_id, runner=runner, status=status, app=app, trace_context=context
+    )
     return run_id

@@ -50,6 +50,10 @@ class Settings(SettingsBase):
     """Every knob of the system. Environment beats `.env`, which beats `config/`."""
 
     database_url: str = "sqlite:///agent_jobs.db"
+    # The database's password, apart from the URL (which then names none): any character
+    # may be in it (`@`, `:`, `/` break a URL), and it is never part of a URL's text.
+    # Applied to every engine this process opens (store/db.py: `make_engine`).
+    database_password: SecretStr | None = None
     broker_url: str | None = None
     # The Celery queue of this deployment: several deployments can share one Redis.
     queue: str = "agent_jobs"
@@ -103,6 +107,23 @@ class Settings(SettingsBase):
     # The live stream.
     stream_maxlen: int = 10_000
     stream_ttl: int = 3600
+
+    # Metrics and traces (agent_jobs/metrics.py, agent_jobs/tracing.py): off by default.
+    # Set, workers, the approvals listener and `serve` serve Prometheus metrics on this
+    # port, at `metrics_addr`; a scrape then needs `Authorization: Bearer <metrics_token>`
+    # when the token is set, and an address other than loopback needs the token.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_addr: str = "127.0.0.1"
+    metrics_token: SecretStr | None = None
+    # A span for every step, exported as the standard `OTEL_*` variables say.
+    otel: bool = False
+
+    # The HTTP API (`agent-jobs serve`). `api_tokens` is a JSON object of bearer token to
+    # actor: a secret, never logged or shown.
+    api_tokens: SecretStr | None = None
+    api_keepalive: float = Field(default=15.0, gt=0)  # seconds of quiet before a comment
+    api_inbox_poll: float = Field(default=1.0, gt=0)  # seconds between inbox checks
+    api_max_streams: int = Field(default=200, ge=1)  # event streams open at once
 
     @property
     def effective_redis_url(self) -> str | None:

@@ -12,6 +12,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery, current_task
+from celery.utils.saferepr import saferepr
+
+from agent_jobs.dispatch import step_reprs
+from agent_jobs.runners.step_tasks import StepOutcome, summary
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +24,9 @@ BUFFER_LIMIT = 64  # events held back at most (a chain's steps flush far sooner)
 
 class ChainEvents:
     """`DurableRunner.eager_events` for a worker process: task-received, task-started,
-    then task-succeeded or task-failed, under a task id of the step's own.
+    then task-succeeded or task-failed, under a task id of the step's own, its arguments
+    and result shown as a delivered step task's are (agent_jobs.dispatch.step_reprs,
+    `StepOutcome.summary`); a step that failed shows failed, with its reason.
 
     They go out in one message a step: a step's end waits for the next step's start
     (or for the end of the task that ran the chain: `flush`), as a worker's main process
@@ -36,18 +42,18 @@ class ChainEvents:
 
     @contextmanager
     def __call__(
-        self, task: str, task_id: str, run_id: str, step: str
+        self, task: str, task_id: str, run_id: str, step: str, tool: str | None = None
     ) -> Iterator[Callable[[str], None]]:
         request = getattr(current_task, "request", None)
         parent = getattr(request, "id", None)
-        hostname = getattr(request, "hostname", None)
-        self._hostname = hostname
+        self._hostname = getattr(request, "hostname", None)
+        argsrepr, kwargsrepr = step_reprs(task, run_id, step, tool)
         self._send(
             "task-received",
             task_id,
             name=task,
-            args=repr([run_id, step]),
-            kwargs="{}",
+            args=argsrepr,
+            kwargs=kwargsrepr,
             root_id=getattr(request, "root_id", None) or parent,
             parent_id=parent,
             retries=0,
@@ -63,12 +69,40 @@ class ChainEvents:
         except BaseException as exc:
             self._send("task-failed", task_id, exception=repr(exc), traceback="")
             raise
+        if isinstance(outcome[0], StepOutcome) and outcome[0].failed:
+            # As a delivered step task that failed shows: the reason, no traceback.
+            self._send("task-failed", task_id, exception=outcome[0].summary, traceback="")
+            return
         self._send(
             "task-succeeded",
             task_id,
-            result=repr(outcome[0]),
+            result=saferepr(summary(outcome[0])),  # as Celery shows a task's result
             runtime=time.monotonic() - started,
         )
+
+    def task_ran(
+        self, task: str, task_id: str, result: str, *, received: float, runtime: float
+    ) -> None:
+        """A task that sends no events of its own (`Task.send_events` off: the sweep) ran
+        and did something worth watching: it shows as if it had sent them, at once."""
+        request = getattr(current_task, "request", None)
+        self._hostname = getattr(request, "hostname", None)
+        self._send(
+            "task-received",
+            task_id,
+            name=task,
+            args="()",
+            kwargs="{}",
+            root_id=getattr(request, "root_id", None) or task_id,
+            parent_id=None,
+            retries=0,
+            eta=None,
+            expires=None,
+            timestamp=received,
+        )
+        self._send("task-started", task_id, timestamp=received)
+        self._send("task-succeeded", task_id, result=saferepr(result), runtime=runtime)
+        self.flush()
 
     def flush(self) -> None:
         """Send the events still held back (the task that ran the chain has ended)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 
@@ -15,12 +17,16 @@ from celery.signals import (
     task_prerun,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
+    worker_shutdown,
 )
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from agent_jobs.dispatch import CeleryDispatcher
+from agent_jobs import metrics, scrape, tracing
+from agent_jobs.dispatch import START_RUN, CeleryDispatcher
+from agent_jobs.errors import ConfigurationError
 from agent_jobs.leases import Leases
 from agent_jobs.loading import load_app
 from agent_jobs.runners.durable import DurableRunner
@@ -80,6 +86,7 @@ def runtime(celery: Celery) -> Runtime:
             recover = partial(recover_process, runner.store, runner.leases, runner.dispatcher)
             runner.liveness = Liveness(runner.leases, recover, settings.process_timeout)
             runner.liveness.start()
+            tracing.setup(settings)  # after the app, which may have set OpenTelemetry up
             log.info(
                 "agent-jobs runner ready in process %d: up to %d database connections, "
                 "%d Redis connections",
@@ -102,6 +109,73 @@ def _note_pool(sender: object = None, **_: object) -> None:
     pool_cls = getattr(sender, "pool_cls", None)
     name = getattr(pool_cls, "__module__", "").rsplit(".", 1)[-1]
     _pool = (name, int(getattr(sender, "concurrency", 0) or 0))
+
+
+# Metrics and traces, as the settings say (agent_jobs/metrics.py, agent_jobs/tracing.py).
+_metrics_dir: str | None = None  # the prefork worker's own directory, removed as it stops
+
+
+@worker_init.connect
+def _observe(**_: object) -> None:
+    """The worker's main process, before its pool forks: metrics on (a prefork pool's
+    processes each count in files of a directory of the worker's own, which this process
+    sums for a scrape) and their port taken. A missing extra or a port in use ends the
+    start with one line."""
+    global _metrics_dir
+    settings = get_settings()
+    try:
+        tracing.check(settings)
+        if settings.metrics_port is None:
+            return
+        directory = None
+        if _pool is not None and _pool[0] == "prefork":
+            directory, own = scrape.multiprocess_dir()
+            _metrics_dir = directory if own else None
+        metrics.setup(settings, multiprocess_dir=directory)
+        metrics.bind(settings)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+@worker_ready.connect
+def _serve_metrics(**_: object) -> None:
+    """Scrapes are answered by the main process, once its pool has forked."""
+    metrics.start_serving()
+
+
+@worker_shutdown.connect
+def _stop_metrics(**_: object) -> None:
+    metrics.close()
+    tracing.flush()
+    if _metrics_dir is not None:
+        scrape.remove_dir(_metrics_dir)
+
+
+@worker_process_shutdown.connect
+def _flush_spans(**_: object) -> None:
+    tracing.flush()  # a pool process's buffered spans, before it exits
+
+
+# A `start_run` task runs in the trace context its message headers carry (put there by
+# the sender's OpenTelemetry Celery instrumentation, or by hand): the run keeps it.
+_incoming = threading.local()
+
+
+@task_prerun.connect
+def _trace_context(task: Task | None = None, **_: object) -> None:  # type: ignore[type-arg]
+    if tracing.enabled() and task is not None and task.name == START_RUN:
+        stack = ExitStack()
+        stack.enter_context(tracing.extracted(tracing.task_headers(task.request)))
+        _incoming.stack = stack
+
+
+@task_postrun.connect
+def _trace_context_ends(**_: object) -> None:
+    stack: ExitStack | None = getattr(_incoming, "stack", None)
+    if stack is not None:
+        _incoming.stack = None
+        stack.close()
 
 
 # A task holds a connection only while a pass commits (milliseconds) and waits on the

@@ -1,25 +1,62 @@
-"""The task adapters: each takes ids, loads state from Postgres, calls the runner."""
+"""The task adapters: each takes ids, loads state from Postgres, calls the runner.
+
+What each returns is what Flower shows as its result, in a few words: where the run
+stands (`waiting tool:call_3, tool:call_4`, `awaiting_approval refund call_3`), after a
+step what became of it (`done → completed`). A task whose work was refused or failed
+(a bad `start_run`, a step that failed, a step given up on) fails with the reason once
+that work is committed: `TaskFailed`, which Celery logs without a traceback, does not
+retry, and acknowledges.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Task, shared_task
 
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
 from agent_jobs.errors import AgentJobsError, RetryLater
+from agent_jobs.runners.step_tasks import StepOutcome, summary, where
 from agent_jobs.runs import RunRequest
 
 from .base import AgentJobsTask
+from .events import ChainEvents
 from .runtime import runtime
 
 
-@shared_task(base=AgentJobsTask, name=START_RUN, bind=True)
+class TaskFailed(AgentJobsError):
+    """A task's work is done and committed, and was refused or failed: the task shows
+    as failed in Flower, with the reason."""
+
+    def __repr__(self) -> str:
+        # What Celery sends Flower as the task's exception: the reason, as it reads.
+        return str(self)
+
+
+# `TaskFailed` is expected (`throws`): logged at INFO without a traceback, never retried
+# (only the database errors of `AgentJobsTask.autoretry_for` are), its message
+# acknowledged. Acks are late: Celery acknowledges a failed task's message by default
+# (`task_acks_on_failure_or_timeout`); pinned here, as a redelivery could only fail again.
+# A worker that dies mid-task still hands the message back (`task_reject_on_worker_lost`).
+FAILS: dict[str, Any] = {"throws": (TaskFailed,), "acks_on_failure_or_timeout": True}
+
+
+def _reported(outcome: str) -> str:
+    """The result of a step task: its summary, or `TaskFailed` if the step failed."""
+    if isinstance(outcome, StepOutcome) and outcome.failed:
+        raise TaskFailed(outcome.summary)
+    return summary(outcome)
+
+
+@shared_task(base=AgentJobsTask, name=START_RUN, bind=True, **FAILS)
 def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     """Start a run from the keyword arguments another service sent; without a `run_id`,
     the run is named after this task (README, "Enqueueing runs from other services")."""
     if args:
-        return "refused: agent_jobs.start_run takes keyword arguments only (send them as kwargs)"
+        raise TaskFailed(
+            "refused: agent_jobs.start_run takes keyword arguments only (send them as kwargs)"
+        )
     runner = runtime(self.app).runner
     try:
         request = RunRequest.parse(kwargs)
@@ -27,36 +64,47 @@ def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
         runner.create(request, run_id)
     except AgentJobsError as exc:
         # A bad request is refused, recorded nowhere, and not retried.
-        return f"refused: {exc}"
-    return f"{run_id} {runner.continue_run(run_id)}"
+        raise TaskFailed(f"refused: {exc}") from None
+    return where(runner.continue_run(run_id))
 
 
 @shared_task(base=AgentJobsTask, name=COORDINATE, bind=True)
 def coordinate(self: Task[Any, str], run_id: str) -> str:
     """Re-drive a run: replay its journal, schedule what is missing, suspend."""
-    return f"{run_id} {runtime(self.app).runner.continue_run(run_id)}"
+    return where(runtime(self.app).runner.continue_run(run_id))
 
 
-@shared_task(base=AgentJobsTask, name=MODEL_TURN, bind=True)
+@shared_task(base=AgentJobsTask, name=MODEL_TURN, bind=True, **FAILS)
 def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
     """Call the model for one step of a run, streaming its text to the run's stream."""
     runner = runtime(self.app).runner
     try:
         outcome = runner.execute_step(run_id, step, task=MODEL_TURN, retries=self.request.retries)
-        return f"{run_id} {outcome}"
     except RetryLater as later:
         # The request-error waterfall asked for a retry: Celery's countdown waits, no
         # worker sleeps.
         raise self.retry(countdown=later.delay, max_retries=None) from None
+    return _reported(outcome)
 
 
-@shared_task(base=AgentJobsTask, name=INVOKE_TOOL, bind=True)
+@shared_task(base=AgentJobsTask, name=INVOKE_TOOL, bind=True, **FAILS)
 def invoke_tool(self: Task[Any, str], run_id: str, step: str) -> str:
     """Invoke one tool call of a run."""
-    return f"{run_id} {runtime(self.app).runner.execute_step(run_id, step, task=INVOKE_TOOL)}"
+    return _reported(runtime(self.app).runner.execute_step(run_id, step, task=INVOKE_TOOL))
 
 
-@shared_task(base=AgentJobsTask, name=SWEEP, bind=True)
+# Beat runs the sweep every 30 s: 2,880 tasks a day that mostly find nothing would crowd
+# Flower's list. It sends no task events; one that re-drove runs sends them itself.
+@shared_task(base=AgentJobsTask, name=SWEEP, bind=True, send_events=False)
 def sweep(self: Task[Any, str]) -> str:
     """Re-drive runs that made no progress for a while (Celery beat runs this)."""
-    return f"re-drove {runtime(self.app).runner.sweep()} runs"
+    received, started = time.time(), time.monotonic()
+    runner = runtime(self.app).runner
+    count = runner.sweep()
+    result = f"re-drove {count} runs"
+    if count and isinstance(runner.eager_events, ChainEvents):
+        took = time.monotonic() - started
+        runner.eager_events.task_ran(
+            SWEEP, str(self.request.id), result, received=received, runtime=took
+        )
+    return result

@@ -67,6 +67,7 @@ def test_the_configured_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("AGENT_JOBS_APPROVAL_SECRET", SECRET)
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", "postgresql+psycopg://u:db-pass-9876@h/d")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789")
+    monkeypatch.setenv("AGENT_JOBS_API_TOKENS", '{"api-token-5555": "alice"}')
     get_settings.cache_clear()
     stream = io.StringIO()
     root = logging.getLogger()
@@ -77,10 +78,14 @@ def test_the_configured_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> N
         assert isinstance(handler, logging.StreamHandler)
         handler.setStream(stream)
         logging.getLogger("agent_jobs.x").info(
-            "secret %s db %s key %s", SECRET, "db-pass-9876", "sk-test-0123456789"
+            "secret %s db %s key %s token %s",
+            SECRET,
+            "db-pass-9876",
+            "sk-test-0123456789",
+            "api-token-5555",
         )
     finally:
         root.handlers[:], root.level = saved
         get_settings.cache_clear()
     doc = json.loads(stream.getvalue())
-    assert doc["message"] == "secret *** db *** key ***"
+    assert doc["message"] == "secret *** db *** key *** token ***"

@@ -33,6 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .. import checkpoints as names
+from .. import metrics
 from ..client import Client
 from ..errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
 from ..logs import log_context
@@ -91,6 +92,7 @@ class Counters:
     def add(self, reason: str) -> None:
         with self._lock:
             self._counts[reason] += 1
+        metrics.approval_message(reason)
         try:
             self.client.hincrby(self.key, reason, 1)
         except redis.RedisError as exc:
@@ -258,6 +260,9 @@ class ApprovalsListener:
 
     def serve(self) -> None:
         """Listen until `stop()`; bad input and lost connections never end this."""
+        # Metrics, when AGENT_JOBS_METRICS_PORT is set (a missing extra or a port in use
+        # is a ConfigurationError, before anything is served).
+        metrics.serve(self.client.settings, store=self.client.store)
         try:
             self.stream.ensure_group()
         except redis.RedisError as exc:

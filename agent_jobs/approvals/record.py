@@ -7,6 +7,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
+from .. import observe
 from ..app import AgentApp
 from ..checkpoints import Decision
 from ..errors import DecisionRefusedError, UnknownCallError, UnknownRunError
@@ -90,9 +91,9 @@ def record_decision(
         reason=decision.reason,
     ):
         return "already_decided"
-    journal.complete(
-        conn, run_id, names.approval(call_id), state="done", result=decision.model_dump(mode="json")
-    )
+    step = names.approval(call_id)
+    journal.complete(conn, run_id, step, state="done", result=decision.model_dump(mode="json"))
+    observe.decided(run, call, decision.decision, step)  # the caller commits it next
     return "recorded"
 
 

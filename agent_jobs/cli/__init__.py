@@ -10,6 +10,7 @@ from .db import db
 from .enqueue import enqueue
 from .inspect import journal, runs, status
 from .run import run
+from .serve import serve
 from .session import answer, cancel, events, say
 from .tail import tail
 
@@ -41,6 +42,7 @@ for command in (
     answer,
     approvals,
     db,
+    serve,
 ):
     main.add_command(command)
 

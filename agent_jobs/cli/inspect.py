@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from ..store import RunView, Store
+from ..documents import run_document
 from .common import handle_errors, out, print_json, store
 from .text import json_text, visible
 
-
-def run_document(db: Store, run: RunView) -> dict[str, Any]:
-    """The `status --json` object: the run, its usage totals, its pending calls."""
-    doc = run.model_dump(mode="json")
-    doc["usage"] = db.totals(run.run_id)
-    doc["pending_calls"] = [
-        {"call_id": c["call_id"], "tool": c["name"], "args": c["args"]}
-        for c in db.pending_calls(run.run_id)
-    ]
-    doc["pending_questions"] = [
-        {"request_id": q["request_id"], "tool": q["tool"], "questions": q["questions"]}
-        for q in db.open_questions(run.run_id)
-    ]
-    return doc
+__all__ = ["journal", "run_document", "runs", "status"]
 
 
 @click.command()

@@ -9,18 +9,14 @@ from collections.abc import Callable, Iterator
 import click
 
 from ..store import Store
-from ..streams.base import END_TYPES, Frame
+from ..streams.base import Frame
+from ..streams.follow import live_frames as follow_stream
 from ..streams.redis_streams import RedisStreams
 from .common import EXIT_FAILED, err, fail, handle_errors, out, redis_streams, store
 from .frames import Screen, follow
 from .prompt import command, decide_commands
 from .text import json_text, visible
 from .waiting import Waiting
-
-# How long the stream may stay quiet before the run's row is checked for its end.
-IDLE_CHECK = 2.0
-# Once the row says the run has ended: how long to wait for the frames still to come.
-SETTLE = 0.5
 
 
 def live_frames(
@@ -31,56 +27,21 @@ def live_frames(
     *,
     before_warning: Callable[[], None] | None = None,
 ) -> Iterator[tuple[str, Frame]]:
-    """(entry id, frame) of the run's stream after `after`, live, until the run ends.
+    """(entry id, frame) of the run's stream after `after`, live, until the run's row says
+    it has ended (`agent_jobs.streams.follow.live_frames`); a frame that is skipped is a
+    warning on stderr. `before_warning` is called before a warning goes there (see
+    `Screen.aside`)."""
 
-    The store says when the run has ended, not the stream: anyone who can write to Redis
-    can add a `done` frame. An end frame counts only when the run's row has ended the
-    same way; any other is skipped with a warning. Should the end frame never come (the
-    stream expired, or Redis lost it), the row alone ends the stream a moment later.
-    `before_warning` is called before a warning goes to stderr (see `Screen.aside`).
-    """
-    last = after
-    ended = False
-    while True:
-        quiet = True
-        for entry_id, frame in streams.read(run_id, last, block=SETTLE if ended else IDLE_CHECK):
-            last, quiet = entry_id, False
-            if not isinstance(frame, dict):
-                _ignored(entry_id, "it is not a JSON object", before_warning)
-                break  # the reader would stumble on it: read on after it afresh
-            if frame.get("type") in END_TYPES and frame.get("run_id") == run_id:
-                if _is_the_end(db, run_id, frame):
-                    yield entry_id, frame
-                    return
-                why = f"run {run_id} has not ended as its {frame.get('type')} says"
-                _ignored(entry_id, why, before_warning)
-                continue
-            yield entry_id, frame
-        if ended and quiet:
-            return
-        if not ended:
-            # The end frame is written just after the commit: once the row says the run
-            # has ended, what is left of the stream gets a moment to arrive.
-            run = db.find_run(run_id)
-            ended = run is None or run.finished
+    def ignored(entry_id: str, why: str) -> None:
+        _ignored(entry_id, why, before_warning)
+
+    return follow_stream(streams, db, run_id, after, on_ignored=ignored)
 
 
 def _ignored(entry_id: str, why: str, before: Callable[[], None] | None) -> None:
     if before is not None:
         before()
     err.print(visible(f"warning: ignored the frame {entry_id}: {why}"), style="yellow")
-
-
-def _is_the_end(db: Store, run_id: str, frame: Frame) -> bool:
-    """Whether the run's row ended as this end frame says."""
-    run = db.find_run(run_id)
-    if run is None:
-        return True  # no row to wait on
-    if not run.finished:
-        return False
-    if frame.get("type") == "done":
-        return run.status == "completed" and frame.get("output") == run.output
-    return run.status != "completed" and frame.get("error") == run.error
 
 
 def exit_code(db: Store, run_id: str) -> int:

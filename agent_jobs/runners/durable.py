@@ -27,9 +27,9 @@ import redis
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from .. import diagnostics
+from .. import diagnostics, observe
 from ..app import AgentApp
-from ..dispatch import Dispatcher, ResendingDispatcher, own_queue
+from ..dispatch import Dispatcher, ResendingDispatcher, own_queue, tools_of
 from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
 from ..executor import StepEnv, execute_remote
 from ..leases import Holder, Leases
@@ -54,6 +54,7 @@ from .step_tasks import (
     EagerEvents,
     Kept,
     Running,
+    dead_letter,
     heartbeat,
     model_failed,
     on_own_queue,
@@ -180,7 +181,7 @@ class DurableRunner:
                 stream = RunStream(self.streams, run.root_run_id, run_id)
                 env = StepEnv(app=self.app, stream=stream, inbox=read.inbox)
                 if completion is not None:
-                    env.events.extend(completion.events)
+                    completion.into(env, run)
                 if run.finished:  # the completion is written: it changes nothing more
                     self.journal_cache.drop(run_id, run.created_at)
                     self.loops.drop(run_id)
@@ -198,7 +199,7 @@ class DurableRunner:
                     finished = finish_turn(conn, env, self.app, run, ending)
                 else:
                     if run.status == "queued":
-                        start_turn(env, run)
+                        start_turn(env, run, conn)
                         wake_at_deadline = run.deadline
                     if self.before_replay is not None:
                         self.before_replay(run_id)
@@ -233,7 +234,7 @@ class DurableRunner:
         self._remember(run, read, hooks, ending)
         env.flush()
         if hooks is not None:
-            self.dispatcher.steps(run_id, hooks.to_dispatch)
+            self.dispatcher.steps(run_id, hooks.to_dispatch, tools=tools_of(hooks.new_rows))
             for child in hooks.children:
                 self.dispatcher.coordinate(child)
         if ending is not None:
@@ -294,6 +295,7 @@ class DurableRunner:
                 conn, run_id, "failed", error=message, error_type=error_type
             )
         if finished and row is not None:
+            observe.run_finished(None, row, "failed")
             stream = RunStream(self.streams, row.root_run_id, run_id)
             stream.emit("error", error=message, error_type=error_type)
             stream.end()
@@ -340,13 +342,13 @@ class DurableRunner:
             try:
                 with (
                     log_context(task=task, task_id=task_id, run_id=run_id, step=step),
-                    self.eager_events(task, task_id, run_id, step) as report,
+                    self.eager_events(task, task_id, run_id, step, kept.tool) as report,
                 ):
                     started = time.monotonic()
                     outcome, following = self._step(
                         run_id, step, task=task, retries=0, keep=more, kept=kept
                     )
-                    report(f"{run_id} {outcome}")
+                    report(outcome)
                     log.info(
                         "Step %s of run %s ran where the last one ended, in %.3fs: %s",
                         step,
@@ -415,15 +417,7 @@ class DurableRunner:
                 attempt = self.leases.count_attempt(run_id, step, row.attempts)
             # Deliberate retries do not count against the attempts a crashing step gets.
             if attempt > settings.step_max_attempts + retries:
-                completion = Completion(
-                    step,
-                    "failed",
-                    error=(
-                        f"gave up after {attempt - 1} attempts: the step kept failing "
-                        "or killing its worker"
-                    ),
-                    attempt=attempt - 1,
-                )
+                completion = dead_letter(step, attempt)
             else:
                 completion = self._run_step(
                     row, step, holder, attempt, retries, claimed=kept is not None
@@ -432,7 +426,7 @@ class DurableRunner:
                     return f"{step} given up on: over its time limit", None
             keep = keep and not on_own_queue(row)
             outcome, following = self._drive(run_id, completion, keep=keep)
-            return f"{step} {completion.state}; {outcome}", following
+            return completion.reported(outcome), following
         except RetryLater as later:
             with self.store.begin() as conn:
                 # Keep the sweep off the step until its retry is due.

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
-from .. import diagnostics, session
+from .. import diagnostics, observe, session
 from ..app import AgentApp
 from ..approvals.record import record_answers, record_decision
 from ..checkpoints import Decision, DelegationOutcome
@@ -102,10 +102,13 @@ class InlineHooks(LoopHooks):
                 result = dump(execute_remote(intent, env, call.name))
             with store.begin() as conn:
                 self._journal(conn, env, call, seq, result, started)
+            observe.remote_step(self.run, call.name, started, env.stream.extra["attempt"])
             return result
         env = self._env()
+        started_ns = observe.clock()
         with store.begin() as conn:
             result = dump(execute_local(intent, conn, env, call.name))
+            observe.local_step(env, self.run, call.name, started_ns)
             self._journal(conn, env, call, seq, result, None)
         env.flush()
         return result
@@ -473,7 +476,7 @@ class InlineRunner:
         hooks = InlineHooks(self, run, stream)
         env = StepEnv(app=self.app, stream=stream)
         with self.store.begin() as conn:
-            start_turn(env, run)
+            start_turn(env, run, conn)
             env.flush_events(conn)
         env.flush()
         try:
@@ -490,5 +493,6 @@ class InlineRunner:
             ending = Ending.completed(result.output)
         with self.store.begin() as conn:
             next_run = finish_turn(conn, env, self.app, run, ending).next_run
+        env.flush()  # committed: what the end reports (metrics)
         announce_end(stream, ending)
         return next_run

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
+from .. import observe
 from ..checkpoints import Decision, DelegationOutcome
 from ..dispatch import INVOKE_TOOL, MODEL_TURN
 from ..errors import NonDeterminismError, StepFailedError, Suspend
@@ -218,7 +219,9 @@ class DurableHooks(LoopHooks):
         if row is None:
             intent = call.intent
             if not intent.remote:
+                started = observe.clock()
                 result = dump(execute_local(intent, self.conn, self.env, call.name))
+                observe.local_step(self.env, self.run, call.name, started)
                 self._record(call.name, "done", dump(intent), result)
                 return result
             row = self._schedule(call.name, intent)

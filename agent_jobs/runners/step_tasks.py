@@ -12,18 +12,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 import redis
 
+from .. import observe
 from ..app import AgentApp
+from ..dispatch import tool_of
 from ..errors import ModelError, RetryLater
+from ..executor import StepEnv
 from ..leases import Holder, Leases
 from ..settings import Settings
 from ..steps import parse_intent
-from ..store import Store
+from ..store import RunView, Store
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
@@ -52,16 +55,74 @@ class Kept:
         """The step as the broker takes it."""
         return self.task, self.step
 
+    @property
+    def tool(self) -> str | None:
+        """The tool the step calls, if it calls one (Flower shows it)."""
+        return tool_of(self.row.intent)
 
-# (task, task id, run id, step) -> a context that reports the step's outcome, or failure.
-EagerEvents = Callable[[str, str, str, str], AbstractContextManager[Callable[[str], None]]]
+
+# (task, task id, run id, step, tool) -> a context that reports the step's outcome (a
+# `StepOutcome` says whether the step failed), or the exception that ended it.
+EagerEvents = Callable[
+    [str, str, str, str, str | None], AbstractContextManager[Callable[[str], None]]
+]
 
 
 @contextmanager
 def quiet_events(
-    task: str, task_id: str, run_id: str, step: str
+    task: str, task_id: str, run_id: str, step: str, tool: str | None = None
 ) -> Iterator[Callable[[str], None]]:
     yield lambda outcome: None
+
+
+class StepOutcome(str):
+    """What a step task did with its step, as the runner says it (`model:1 done; waiting
+    tool:call_1 tool:call_2`), with what the task reports: whether the step failed, and
+    `summary`, the few words Flower shows. The runner's other answers (a delivery that
+    left the row alone) are plain strings."""
+
+    step: str
+    state: Literal["done", "failed"]
+    error: str | None
+    run: str  # where the run stands after the pass the step's outcome woke
+
+    def __new__(cls, completion: Completion, run: str) -> StepOutcome:
+        self = super().__new__(cls, f"{completion.step} {completion.state}; {run}")
+        self.step, self.state, self.error, self.run = (
+            completion.step,
+            completion.state,
+            completion.error,
+            run,
+        )
+        return self
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "failed"
+
+    @property
+    def summary(self) -> str:
+        """`done → waiting tool:call_3, tool:call_4`, `failed: <why> → run failed`."""
+        run = self.run.removeprefix(f"{self.step} recorded; ")  # a fan-out's member
+        if self.state == "done":
+            return f"done → {where(run)}"
+        # The run fails with this step's error: said once.
+        return (
+            f"failed: {self.error} → {'run failed' if run.startswith('failed: ') else where(run)}"
+        )
+
+
+def where(outcome: str) -> str:
+    """A pass's outcome as a task's result says it: the steps a run waits on listed
+    (`waiting tool:call_3, tool:call_4`), anything else as it is."""
+    if outcome.startswith("waiting ") and not outcome.startswith("waiting for "):
+        return "waiting " + ", ".join(outcome.removeprefix("waiting ").split())
+    return outcome
+
+
+def summary(outcome: str) -> str:
+    """What a step task's result says: a `StepOutcome`'s summary, or the runner's word."""
+    return outcome.summary if isinstance(outcome, StepOutcome) else where(outcome)
 
 
 def on_own_queue(row: Any) -> bool:
@@ -102,6 +163,20 @@ class Completion:
     attempt: int | None = None
     started_at: datetime | None = None
     events: tuple[event_rows.PendingEvent, ...] = ()
+    # When the step's work ended (the outcome is made then), and whether the step was
+    # given up after too many attempts: for its metrics and its span.
+    finished_at: datetime = field(default_factory=utcnow)
+    dead_letter: bool = False
+
+    def into(self, env: StepEnv, run: RunView) -> None:
+        """Hand what the pass writing this outcome reports to its `env`: the step's
+        events, and its metrics and span once the pass has committed."""
+        env.events.extend(self.events)
+        observe.completed(env, run, self)
+
+    def reported(self, run: str) -> StepOutcome:
+        """The step's outcome as its task reports it, the run standing at `run`."""
+        return StepOutcome(self, run)
 
     @property
     def outcome(self) -> dict[str, Any]:
@@ -113,6 +188,18 @@ class Completion:
             "attempts": self.attempt,
             "started_at": self.started_at,
         }
+
+
+def dead_letter(step: str, attempt: int) -> Completion:
+    """The step is given up on: delivered `attempt` times, it never finished (it kept
+    failing, or killing its worker); the run fails with it."""
+    return Completion(
+        step,
+        "failed",
+        error=f"gave up after {attempt - 1} attempts: the step kept failing or killing its worker",
+        attempt=attempt - 1,
+        dead_letter=True,
+    )
 
 
 class Beats:

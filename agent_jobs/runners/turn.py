@@ -10,7 +10,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
-from .. import diagnostics, session
+from .. import diagnostics, observe, session, tracing
 from ..app import AgentApp
 from ..checkpoints import DelegationOutcome
 from ..errors import ModelError, StepRejectedError
@@ -53,12 +53,18 @@ def turn_for(app: AgentApp, run: RunView, settings: Settings) -> tuple[TurnInput
     return turn, deps
 
 
-def start_turn(env: StepEnv, run: RunView) -> None:
+def start_turn(env: StepEnv, run: RunView, conn: Connection) -> None:
     """The thread's agent goes from idle to running (events with the caller's
-    transaction, the `running` frame after its commit)."""
+    transaction, the `running` frame after its commit). With tracing on, a run created
+    with no trace context (by a process that traces nothing) takes a root of its own."""
+    if run.trace_context is None and tracing.enabled():
+        run.trace_context = tracing.context_for_run(run.run_id, run.agent, None)
+        if run.trace_context is not None:
+            run_rows.note_trace_context(conn, run.run_id, run.trace_context)
     env.event(run.thread_id, run.run_id, "turn/start", request=run.input, agent=run.agent)
     env.event(run.thread_id, run.run_id, "agent/status", status="running")
     env.emit_after_commit("status", status="running")
+    observe.run_started(env, run)
     diagnostics.publish("run.started", lambda: {"run_id": run.run_id, "agent": run.agent})
 
 
@@ -112,8 +118,9 @@ def finish_turn(
         error=ending.error,
         error_type=ending.error_type,
     )
+    observe.run_finished(env, run, ending.status)
     if ending.status == "cancelled":
-        account_discarded_usage(conn, run)
+        account_discarded_usage(conn, run, env)
     if ending.status == "cancelled" and not ending.keep_inbox:
         env.flush_events(conn)  # keep the log in order: this pass's earlier events first
         session.clear(conn, run.thread_id, run.run_id)
@@ -191,6 +198,7 @@ def create_child(
         parent_run_id=parent.run_id,
         root_run_id=parent.root_run_id,
         depth=delegation.depth,
+        trace_context=parent.trace_context,  # the delegated run's steps: the same trace
     )
     diagnostics.publish(
         "delegation.started",
@@ -208,8 +216,9 @@ def delegation_intent(delegation: Delegation, child_run_id: str) -> dict[str, An
     return {"agent": delegation.agent, "task": delegation.task, "child_run_id": child_run_id}
 
 
-def account_discarded_usage(conn: Connection, run: RunView) -> None:
-    """Record the tokens of model calls whose results a cancellation discarded.
+def account_discarded_usage(conn: Connection, run: RunView, env: StepEnv | None = None) -> None:
+    """Record the tokens of model calls whose results a cancellation discarded (and count
+    them in the metrics with `env`'s commit).
 
     A model step that finished after (or just as) its run was cancelled never reaches
     its `usage:<n>` step, but the provider was paid: the ledger and the quota say so.
@@ -224,6 +233,9 @@ def account_discarded_usage(conn: Connection, run: RunView) -> None:
         usage_step, kind = recording
         if usage_step in rows or usage_rows.usage_recorded(conn, run.run_id, step):
             continue
+        spent = Usage.model_validate(row.result.get("usage") or {})
+        if env is not None:
+            observe.tokens(env, row.result.get("model"), spent)
         usage_rows.charge(
             conn,
             run_id=run.run_id,
@@ -233,7 +245,7 @@ def account_discarded_usage(conn: Connection, run: RunView) -> None:
             step=step,
             kind=kind,
             model=row.result.get("model"),
-            spent=Usage.model_validate(row.result.get("usage") or {}),
+            spent=spent,
         )
 
 

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, SecretStr
 from sqlalchemy import Connection, Engine
 
 from ..errors import UnknownRunError
@@ -39,6 +39,8 @@ class RunView(BaseModel):
     depth: int = 0
     day: str
     metadata: dict[str, Any] = {}
+    # Where the run's steps' spans hang (agent_jobs/tracing.py); not part of its status.
+    trace_context: dict[str, str] | None = Field(default=None, exclude=True)
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None = None
@@ -64,9 +66,18 @@ class Store:
         self.engine = engine
 
     @classmethod
-    def from_url(cls, url: str, *, auto_upgrade: bool | None = None, pool_size: int = 5) -> Store:
-        """Open the database at `url`. The embedded SQLite default migrates itself."""
-        engine = make_engine(url, pool_size=pool_size)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        auto_upgrade: bool | None = None,
+        pool_size: int = 5,
+        password: SecretStr | str | None = None,
+    ) -> Store:
+        """Open the database at `url`. The embedded SQLite default migrates itself.
+        `password`: the server's, apart from the URL (by default
+        `AGENT_JOBS_DATABASE_PASSWORD`; see `make_engine`)."""
+        engine = make_engine(url, pool_size=pool_size, password=password)
         ensure_schema(
             engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade
         )

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from sqlalchemy import Column, Connection, Engine, Table, create_engine, event, inspect, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -71,12 +72,22 @@ def insert_unless_exists(
 # --- engines and migrations --------------------------------------------------------------
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    """An engine for `url`; SQLite gets WAL, a busy timeout and immediate transactions."""
+def make_engine(url: str, *, pool_size: int = 5, password: SecretStr | str | None = None) -> Engine:
+    """An engine for `url`; SQLite gets WAL, a busy timeout and immediate transactions.
+
+    `password` (by default `AGENT_JOBS_DATABASE_PASSWORD`, when set) is the server's: set
+    on the parsed URL, never written into its text, so it may hold any character.
+    """
     try:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
         raise ConfigurationError(f"AGENT_JOBS_DATABASE_URL is not a database URL: {exc}") from exc
+    if password is None:
+        from ..settings import get_settings
+
+        password = get_settings().database_password
+    if isinstance(password, SecretStr):
+        password = password.get_secret_value()
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(
             url,
@@ -88,6 +99,8 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         if parsed.get_driver_name() in ("", "psycopg2"):
             parsed = parsed.set(drivername="postgresql+psycopg")
+        if password is not None:
+            parsed = parsed.set(password=password)
         # No pre-ping: it costs a round trip per checkout. A connection that died is
         # invalidated when it fails, and the task that hit it is retried (tasks/steps.py).
         engine = create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_recycle=1800)

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, sele
 from ..checkpoints import HUMAN_WAITS
 from . import driver
 from .db import insert_unless_exists, utcnow
-from .schema import journal, runs, usage
+from .schema import journal, runs, tool_calls, usage
 
 RunStatus = Literal[
     "queued",
@@ -50,6 +50,7 @@ def insert_run(
     parent_run_id: str | None = None,
     root_run_id: str | None = None,
     depth: int = 0,
+    trace_context: dict[str, str] | None = None,
 ) -> bool:
     """Insert the run row; False when a run with this id already exists."""
     now = utcnow()
@@ -70,6 +71,8 @@ def insert_run(
         "created_at": now,
         "updated_at": now,
     }
+    if trace_context is not None:  # else SQL NULL, not a JSON null
+        values["trace_context"] = trace_context
     return insert_unless_exists(conn, runs, values)
 
 
@@ -186,6 +189,19 @@ def record_cancel(conn: Connection, run_id: str, cause: str, *, keep_inbox: bool
     ).scalar()
 
 
+_SET_TRACE_CONTEXT = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run_id"), runs.c.trace_context.is_(None))
+    .values(trace_context=bindparam("b_context", type_=runs.c.trace_context.type))
+)
+
+
+def note_trace_context(conn: Connection, run_id: str, context: dict[str, str]) -> None:
+    """Give a run that has none its trace context, with the transaction's next statement
+    or its commit."""
+    driver.later(conn, _SET_TRACE_CONTEXT, {"b_run_id": run_id, "b_context": context})
+
+
 def set_deadline(conn: Connection, run_id: str, deadline: datetime) -> None:
     conn.execute(update(runs).where(runs.c.id == run_id).values(deadline=deadline))
 
@@ -294,3 +310,16 @@ def run_totals(conn: Connection, run_id: str) -> dict[str, Any]:
         "cost": float(row[2]) if row[2] is not None else None,
         "model_calls": int(row[3]),
     }
+
+
+_PENDING_APPROVALS = (
+    select(func.count())
+    .select_from(tool_calls.join(runs, runs.c.id == tool_calls.c.run_id))
+    .where(tool_calls.c.status == "pending_approval", runs.c.status.not_in(TERMINAL))
+)
+
+
+def pending_approvals(conn: Connection) -> int:
+    """How many calls wait for a person's decision now: those `approvals pending` lists
+    (a call of a run that has ended waits for no one)."""
+    return int(conn.execute(_PENDING_APPROVALS).scalar() or 0)

@@ -67,6 +67,9 @@ runs = Table(
     Column("cancel_keep_inbox", Boolean, nullable=False, server_default=false()),
     # Past this moment the run is cancelled with cause `timeout` (agent default_timeout).
     Column("deadline", DateTime(timezone=True), nullable=True),
+    # The W3C trace context (`traceparent`, `tracestate`) the run was started in: each of
+    # its steps is a span parented on it (agent_jobs/tracing.py). Null when tracing is off.
+    Column("trace_context", Json, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=True),

@@ -1,0 +1,65 @@
+"""Who may do what with a run, decided against the store (never against a frame).
+
+- A run is read (`GET /v1/runs/{id}`, its stream) by its actor, by `service` actors, and
+  by actors who may decide one of the action calls of its tree (the run that was asked
+  for and the runs it delegated to): an approver follows what they decide on. Anyone
+  else is told there is no such run (404), as for an id that does not exist, so a token
+  cannot probe which runs exist.
+- Its calls are decided by the actors the tool's `approvers` name, checked as the
+  approvals channel checks them (`app.roles.may_approve`).
+- Its questions are answered, and it is steered or cancelled, by its actor and by
+  `service` actors; another actor who may read it is refused (403).
+"""
+
+from __future__ import annotations
+
+from ..app import AgentApp
+from ..errors import UnknownRunError
+from ..store import RunView
+from .auth import Caller
+from .door import Door
+from .errors import PermissionDeniedError
+
+
+def may_decide(app: AgentApp, caller: Caller, tool: str) -> bool:
+    """Whether the caller's decision on a call of `tool` counts (as `record_decision`
+    judges it: a tool the app no longer defines names no approvers)."""
+    if tool not in app.registry:
+        return True
+    return app.roles.may_approve(app.registry.get(tool), caller.actor)
+
+
+def owns(caller: Caller, run: RunView) -> bool:
+    """The run's own actor, or a service acting for it."""
+    return caller.is_service or run.actor == caller.actor
+
+
+def may_read(door: Door, caller: Caller, run: RunView) -> bool:
+    if owns(caller, run):
+        return True
+    root = run if run.root_run_id == run.run_id else door.store.find_run(run.root_run_id)
+    if root is not None and owns(caller, root):
+        return True
+    for run_id in door.store.run_tree(run.root_run_id):
+        for call in door.store.tool_calls(run_id):
+            if call["kind"] == "action" and may_decide(door.app, caller, call["name"]):
+                return True
+    return False
+
+
+def readable_run(door: Door, caller: Caller, run_id: str) -> RunView:
+    """The run, when the caller may read it; `UnknownRunError` (404) otherwise."""
+    run = door.store.find_run(run_id)
+    if run is None or not may_read(door, caller, run):
+        raise UnknownRunError(run_id)
+    return run
+
+
+def owned_run(door: Door, caller: Caller, run_id: str, doing: str) -> RunView:
+    """The run, when the caller may act on it as its actor would (steer, cancel, answer)."""
+    run = readable_run(door, caller, run_id)
+    if not owns(caller, run):
+        raise PermissionDeniedError(
+            f"only run {run_id}'s actor ({run.actor}) or a 'service' actor may {doing}"
+        )
+    return run

@@ -1,0 +1,181 @@
+"""Errors as the HTTP API answers them: `{"error": "<what to fix>", "type": "<ErrorType>"}`.
+
+Every answer that is not a success has this shape: the library's typed errors, the
+door's own (below), FastAPI's validation errors (422), unknown routes and methods, a
+service that cannot be reached (503) and anything unexpected (500, with no detail).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis.exceptions
+import sqlalchemy.exc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import (
+    AgentJobsError,
+    ApprovalError,
+    ConfigurationError,
+    InvalidRequestError,
+    UnknownAgentError,
+    UnknownCallError,
+    UnknownRunError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(AgentJobsError):
+    """A request the HTTP API refuses; `status` is the HTTP status it answers with."""
+
+    status = 400
+
+
+class AuthenticationError(ApiError):
+    """No bearer token, or one the server does not know."""
+
+    status = 401
+
+
+class PermissionDeniedError(ApiError):
+    """The token's actor may not do this."""
+
+    status = 403
+
+
+class NotFoundError(ApiError):
+    """No such thing here (or none this actor may see)."""
+
+    status = 404
+
+
+class ConflictError(ApiError):
+    """The request clashes with what is recorded: already decided, the run has ended."""
+
+    status = 409
+
+
+class PayloadTooLargeError(ApiError):
+    status = 413
+
+
+class ServiceUnavailableError(ApiError):
+    """A service the answer needs cannot be reached, or the server is at its limit."""
+
+    status = 503
+
+
+class ErrorBody(BaseModel):
+    """What every refusal carries."""
+
+    error: str
+    type: str
+
+
+# Statuses of the library's own errors, the most specific class first.
+LIBRARY_STATUS: tuple[tuple[type[AgentJobsError], int], ...] = (
+    (UnknownRunError, 404),
+    (UnknownCallError, 404),
+    (UnknownAgentError, 422),
+    (InvalidRequestError, 422),
+    (ApprovalError, 409),
+    (ConfigurationError, 500),
+)
+DATABASE_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "No bearer token, or an unknown one"},
+    403: {"model": ErrorBody, "description": "The token's actor may not do this"},
+    422: {"model": ErrorBody, "description": "The request is malformed"},
+}
+
+
+def error_response(
+    status: int, message: str, type_: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": message, "type": type_}, status_code=status, headers=headers)
+
+
+def status_of(exc: AgentJobsError) -> int:
+    if isinstance(exc, ApiError):
+        return exc.status
+    for kind, status in LIBRARY_STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 400
+
+
+def answer_error(exc: AgentJobsError) -> JSONResponse:
+    status = status_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, str(exc), type(exc).__name__, headers)
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    """`field: what is wrong` for each fault, the way a run request's faults read."""
+    faults = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        faults.append(f"{'.'.join(loc) or '(request)'}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(faults)
+
+
+async def _library(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AgentJobsError)
+    return answer_error(exc)
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(422, validation_message(exc), "InvalidRequestError")
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals: an unknown route (404), a method a route lacks (405)."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        # Every request but a handful carries a token: an unknown route without one is
+        # refused as any other request would be, and says nothing of what exists.
+        from .auth import authenticate
+
+        try:
+            if not request.url.path.startswith("/static/"):  # the page's assets are public
+                authenticate(request)
+        except AuthenticationError as refused:
+            return answer_error(refused)
+        message = f"no such route: {request.method} {request.url.path}"
+        return error_response(404, message, "NotFoundError")
+    if exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+        return error_response(405, message, "MethodNotAllowedError", dict(exc.headers or {}))
+    return error_response(exc.status_code, str(exc.detail), "HTTPError", dict(exc.headers or {}))
+
+
+async def _unreachable(request: Request, exc: Exception) -> JSONResponse:
+    what = "the database" if isinstance(exc, DATABASE_ERRORS) else "Redis"
+    log.warning("%s %s: %s is unreachable: %s", request.method, request.url.path, what, exc)
+    return error_response(
+        503, f"{what} is unreachable; try again shortly", "ServiceUnavailableError"
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return error_response(500, "the server failed; its log says why", "InternalError")
+
+
+def install(app: FastAPI) -> None:
+    """Answer every refusal of `app` as an `ErrorBody`."""
+    app.add_exception_handler(AgentJobsError, _library)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    for kind in (*DATABASE_ERRORS, *REDIS_ERRORS):
+        app.add_exception_handler(kind, _unreachable)
+    app.add_exception_handler(Exception, _unexpected)

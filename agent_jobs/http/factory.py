@@ -1,0 +1,62 @@
+"""The ASGI app of `agent-jobs serve`: built by `create_app` around a door to the runs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+from ..settings import Settings
+from . import decisions, errors, page, runs, scraping, service
+from .auth import TokenTable
+from .door import Door
+from .middleware import BodyLimit, SecurityHeaders
+from .state import STATE_KEY, ServerState, StreamSlots
+
+DESCRIPTION = """Start agent runs, follow their live frames, decide on their actions.
+
+Every route but `GET /healthz` (and the inbox page `GET /`) takes
+`Authorization: Bearer <token>`, a token of `AGENT_JOBS_API_TOKENS`. Refusals are
+`{"error": "<what to fix>", "type": "<ErrorType>"}`."""
+
+
+def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] = ()) -> FastAPI:
+    """The app serving `door`. More routes (`routers`) are added after the API's own.
+
+    Refuses (`ConfigurationError`) without usable `AGENT_JOBS_API_TOKENS`.
+    """
+    tokens = TokenTable.from_secret(settings.api_tokens)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        door.close()
+
+    app = FastAPI(
+        title="agent-jobs",
+        version=page.package_version(),
+        description=DESCRIPTION,
+        # The OpenAPI document is a route of ours, behind a token; no docs pages (they
+        # load scripts from a CDN, which the page's policy forbids).
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    state = ServerState(door, tokens, settings, StreamSlots(settings.api_max_streams))
+    setattr(app.state, STATE_KEY, state)
+    errors.install(app)
+    for router in (
+        service.router,
+        runs.router,
+        decisions.router,
+        page.router,
+        scraping.router,
+        *routers,
+    ):
+        app.include_router(router)
+    app.mount("/static", page.static_files(), name="static")
+    app.add_middleware(BodyLimit)
+    app.add_middleware(SecurityHeaders)
+    return app

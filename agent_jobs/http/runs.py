@@ -1,0 +1,181 @@
+"""`/v1/runs`: start a run, read it, follow its live stream, steer it, cancel it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from .. import metrics, tracing
+from ..documents import run_document
+from ..errors import ConfigurationError, InvalidRequestError
+from ..runs import RunRequest
+from ..store import RunView
+from ..streams.base import Frame, frame_json
+from ..streams.follow import live_frames
+from . import sse
+from .access import may_read, owned_run, readable_run
+from .auth import Caller, CallerDep
+from .bodies import CancelBody, Cancelling, MessageBody, Queued, Started
+from .door import Door
+from .errors import (
+    DATABASE_ERRORS,
+    ERROR_RESPONSES,
+    REDIS_ERRORS,
+    ConflictError,
+    ErrorBody,
+    PermissionDeniedError,
+)
+from .state import Release, ServerState, server
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "No such run (or none this actor may read)"}
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=Started,
+    responses={
+        200: {"model": Started, "description": "A run with this run_id exists: that run"},
+        409: {"model": ErrorBody, "description": "The run_id is taken by a run of another"},
+    },
+)
+def start_run(body: RunRequest, request: Request, caller: CallerDep) -> JSONResponse:
+    """Start a run: the `start_run` keyword arguments. The same `run_id` again answers
+    200 with the run it started; `actor` defaults to the token's actor."""
+    door = server(request).door
+    named = "actor" in body.model_fields_set
+    if named and body.actor != caller.actor and not caller.is_service:
+        raise PermissionDeniedError(
+            f"actor {caller.actor!r} may start runs only as itself: naming another actor "
+            "needs the role 'service'"
+        )
+    if not named:
+        body = body.model_copy(update={"actor": caller.actor})
+    try:  # the same checks as admission, here so that they read as a bad request
+        door.app.get_agent(body.agent)
+        door.app.get_persona(body.persona)
+    except ConfigurationError as exc:
+        raise InvalidRequestError(f"invalid run request: {exc}") from None
+    if body.run_id is not None and (found := door.store.find_run(body.run_id)) is not None:
+        return _existing(door, caller, found)
+    with tracing.extracted(request.headers):  # the caller's trace goes on with the run
+        run_id, created = door.admit(body)
+    run = door.store.get_run(run_id)
+    if not created:  # another request with this run_id came first
+        return _existing(door, caller, run)
+    return JSONResponse({"run_id": run_id, "status": run.status}, status_code=201)
+
+
+def _existing(door: Door, caller: Caller, run: RunView) -> JSONResponse:
+    if not may_read(door, caller, run):
+        raise ConflictError(f"run id {run.run_id!r} is taken; choose another")
+    return JSONResponse({"run_id": run.run_id, "status": run.status}, status_code=200)
+
+
+@router.get("/{run_id}", responses=NOT_FOUND)
+def get_run(run_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The run as `agent-jobs status RUN_ID --json` prints it."""
+    door = server(request).door
+    return run_document(door.store, readable_run(door, caller, run_id))
+
+
+@router.post("/{run_id}/messages", status_code=202, response_model=Queued, responses=NOT_FOUND)
+def post_message(run_id: str, body: MessageBody, request: Request, caller: CallerDep) -> Queued:
+    """Steer the run at its next step (`next-step`), or queue its thread's next turn."""
+    door = server(request).door
+    run = owned_run(door, caller, run_id, "post to it")
+    return Queued(thread_id=door.post_message(run.run_id, body.text, target=body.when))
+
+
+@router.post("/{run_id}/cancel", status_code=202, response_model=Cancelling, responses=NOT_FOUND)
+def cancel(
+    run_id: str, request: Request, caller: CallerDep, body: CancelBody | None = None
+) -> Cancelling:
+    """Cancel the run and its children: each stops at its next boundary."""
+    door = server(request).door
+    run = owned_run(door, caller, run_id, "cancel it")
+    keep = body.keep_inbox if body is not None else False
+    return Cancelling(cancelling=door.cancel(run.run_id, keep_inbox=keep))
+
+
+@router.get(
+    "/{run_id}/stream",
+    response_class=StreamingResponse,
+    responses={
+        **NOT_FOUND,
+        200: {"content": {"text/event-stream": {}}, "description": "The run's frames"},
+        409: {"model": ErrorBody, "description": "The run's stream is in another process"},
+    },
+)
+async def stream(
+    run_id: str,
+    request: Request,
+    caller: CallerDep,
+    after: Annotated[str | None, Query(description="Resume after this entry id")] = None,
+    last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> StreamingResponse:
+    """The run's live frames as server-sent events, to the run's end: `id` the entry id,
+    `data` the frame. `Last-Event-ID` (or `?after=`) resumes after that entry."""
+    state = server(request)
+    door = state.door
+    run = await run_in_threadpool(readable_run, door, caller, run_id)
+    if run.runner != door.runner:
+        raise ConflictError(
+            f"run {run_id} ran on the {run.runner} runner, whose live stream this server "
+            f"({door.runner}) cannot read; GET /v1/runs/{run_id} shows where it stands"
+        )
+    resume = last_event_id or after  # a reconnecting client's header wins over the URL
+    if resume is not None and not door.entry_id.fullmatch(resume):
+        raise InvalidRequestError(f"invalid request: {resume!r} is not an entry id")
+    release = state.slots.claim()
+    events = _frames(state, run.root_run_id, resume, release)
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers=sse.HEADERS,
+        background=BackgroundTask(release.at_the_end),
+    )
+
+
+async def _frames(
+    state: ServerState, stream_id: str, after: str | None, release: Release
+) -> AsyncIterator[bytes]:
+    door = state.door
+    # A Redis Stream's entry ids say when a frame was written (inline ones are positions).
+    timed = door.runner == "durable"
+
+    def ignored(entry_id: str, why: str) -> None:
+        log.warning("run %s: ignored the frame %s: %s", stream_id, entry_id, why)
+
+    def produce(stop: threading.Event) -> Iterator[tuple[str, Frame]]:
+        return live_frames(
+            door.streams, door.store, stream_id, after, on_ignored=ignored, stop=stop
+        )
+
+    try:
+        yield sse.RETRY
+        async for item in sse.from_thread(produce, keepalive=state.settings.api_keepalive):
+            if item is None:
+                yield sse.KEEPALIVE
+            else:
+                entry_id, frame = item
+                yield sse.event(frame_json(frame), id=entry_id)
+                if timed:
+                    metrics.observe_stream_lag(entry_id)
+    except (*DATABASE_ERRORS, *REDIS_ERRORS) as exc:
+        # The answer has begun: no error body can follow. The response ends, and the
+        # client comes back with the last id it saw once the service answers again.
+        log.warning("run %s: its stream stopped: %s", stream_id, exc)
+    finally:
+        release()
