@@ -206,6 +206,20 @@ def test_the_head_constant_is_alembics_head() -> None:
     assert head_revision() == HEAD
 
 
+def test_the_migrations_build_the_schema_the_code_declares(store: Store) -> None:
+    """Every table, column and index of store/schema.py, as the migrations made them."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from agent_jobs.store.schema import metadata
+
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": False})
+        differences = compare_metadata(context, metadata)
+    # alembic's own bookkeeping table is no part of the schema
+    assert [d for d in differences if "alembic_version" not in repr(d)] == []
+
+
 # --- one insert-unless-exists on both dialects --------------------------------------------
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -122,6 +123,17 @@ tool_calls = Table(
     Column("decided_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # When the person was asked (the `approval_request` frame went out), and when an
+    # undecided call times out (`approval_timeout`): the sweep decides it then.
+    Column("requested_at", DateTime(timezone=True), nullable=True),
+    Column("approval_deadline", DateTime(timezone=True), nullable=True),
+    # Escalated once its first deadline passed (`on_timeout="escalate"`): `approvers`
+    # are then the roles that may decide (the tool's `escalate_to`); None: the tool's.
+    Column("escalated", Boolean, nullable=False, server_default=false()),
+    Column("approvers", Json, nullable=True),
+    # A non-idempotent action's handler began (committed before it ran): a worker that
+    # died then leaves an outcome nobody knows, which is never retried blindly.
+    Column("handler_started_at", DateTime(timezone=True), nullable=True),
 )
 # Only calls waiting for a person are looked up by status.
 _PENDING = tool_calls.c.status == "pending_approval"
@@ -130,6 +142,14 @@ Index(
     tool_calls.c.status,
     postgresql_where=_PENDING,
     sqlite_where=_PENDING,
+)
+# The sweep's question: which undecided calls are past their deadline.
+_DEADLINED = and_(_PENDING, tool_calls.c.approval_deadline.is_not(None))
+Index(
+    "ix_tool_calls_deadline",
+    tool_calls.c.approval_deadline,
+    postgresql_where=_DEADLINED,
+    sqlite_where=_DEADLINED,
 )
 
 usage = Table(
@@ -209,4 +229,31 @@ questions = Table(
     Column("answered_by", String(200), nullable=True),
     Column("answered_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# Notifications (README, "Notifications"): a run that ends or starts waiting for a person
+# is written here in the same transaction as its new status, then appended to the Redis
+# Stream `agent_jobs:events` and POSTed to the webhook, at least once, by a sender that
+# retries with backoff. `event_id` is the notification's id: a duplicate carries it too.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False, unique=True),
+    Column("type", String(64), nullable=False),
+    Column("run_id", String(64), nullable=False),
+    Column("body", Json, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("streamed_at", DateTime(timezone=True), nullable=True),  # on agent_jobs:events
+    Column("delivered_at", DateTime(timezone=True), nullable=True),  # everywhere it goes
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    Column("last_error", Text, nullable=True),
+)
+_UNDELIVERED = outbox.c.delivered_at.is_(None)
+Index(
+    "ix_outbox_undelivered",
+    outbox.c.next_attempt_at,
+    postgresql_where=_UNDELIVERED,
+    sqlite_where=_UNDELIVERED,
 )
