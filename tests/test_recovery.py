@@ -138,3 +138,19 @@ def test_a_gone_process_of_this_machine_is_taken_as_a_worker_starts(cluster: Clu
         time.sleep(0.02)
     liveness.stop()
     assert recovered == [(gone, {"run-5"})]
+
+
+@pytest.mark.pools_named
+def test_a_process_is_known_to_live_before_its_first_task_goes_on(cluster: Cluster) -> None:
+    """A process beats once as its liveness starts, before the task that started it runs
+    on: one killed in its first moments is taken like any other. Before, its first beat
+    came a sixth of the timeout later, and a process killed sooner was never taken (its
+    steps waited for the sweep)."""
+    client = redis.Redis.from_url(cluster.broker)
+    leases = Leases(client)
+    liveness = Liveness(leases, lambda p, runs: None, 60)  # a beat every 10 s
+    liveness.start()
+    try:
+        assert liveness.process in leases.processes()
+    finally:
+        liveness.stop()

@@ -57,8 +57,11 @@ class Liveness:
         self._beating_since: float | None = None  # since the last failed beat
 
     def start(self) -> None:
-        """Beat on a thread of its own (a slow database or a busy heartbeat must not
-        silence it), until the process ends."""
+        """Beat now, then on a thread of its own (a slow database or a busy heartbeat must
+        not silence it), until the process ends. The first beat is the caller's: the task
+        that started the runtime goes on only once this process is known to live, so one
+        killed in its first moments is taken like any other."""
+        self.beat()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
         self._thread.start()
         atexit.register(self.stop)
