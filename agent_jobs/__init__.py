@@ -30,6 +30,7 @@ from .errors import (
     ModelError,
     NonDeterminismError,
     QuotaExceededError,
+    ReconcileRefusedError,
     SchemaNotReadyError,
     StepFailedError,
     StepRejectedError,
@@ -52,7 +53,7 @@ from .models import DeltaSink, Model, ScriptedModel
 from .runners.inline import InlineRunner
 from .settings import Settings, get_settings
 from .store import RunView, Store
-from .tools import ToolContext
+from .tools import ReconcileContext, ToolContext
 
 __all__ = [  # noqa: RUF022 (grouped by purpose; sorted within each group)
     # Defining agents: the app, its agents, personas and tools, models, messages.
@@ -65,6 +66,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose; sorted within each group)
     "ModelRequest",
     "ModelResponse",
     "Persona",
+    "ReconcileContext",
     "ScriptedModel",
     "SlidingWindowHistory",
     "ToolCall",
@@ -90,6 +92,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose; sorted within each group)
     "ModelError",
     "NonDeterminismError",
     "QuotaExceededError",
+    "ReconcileRefusedError",
     "SchemaNotReadyError",
     "StepFailedError",
     "StepRejectedError",

@@ -12,7 +12,7 @@ from .messages import ModelSettings, ToolSpec
 from .models.base import Model
 from .prestep import PreStepListener
 from .retry import RequestErrorMiddleware
-from .tools import Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
+from .tools import OnTimeout, Reconciler, Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
 PreStepListenerT = TypeVar("PreStepListenerT", bound=PreStepListener)
@@ -106,6 +106,11 @@ class AgentApp:
         name: str | None = None,
         description: str | None = None,
         queue: str | None = None,
+        approval_timeout: float | None = None,
+        on_timeout: OnTimeout = "reject",
+        escalate_to: Iterable[str] | None = None,
+        idempotent: bool | None = None,
+        reconcile: Reconciler | None = None,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -118,11 +123,20 @@ class AgentApp:
         name: str | None = None,
         description: str | None = None,
         queue: str | None = None,
+        approval_timeout: float | None = None,
+        on_timeout: OnTimeout = "reject",
+        escalate_to: Iterable[str] | None = None,
+        idempotent: bool | None = None,
+        reconcile: Reconciler | None = None,
     ) -> F | Callable[[F], F]:
         """Register a function as a tool; its input schema comes from its signature.
         With `queue`, the durable runner sends its calls to that broker queue (for a
         CPU-bound tool: a prefork worker that reads it) instead of running them where
-        the step before ended."""
+        the step before ended. An action's call not decided within `approval_timeout`
+        seconds is rejected, approved or escalated (`on_timeout`; escalated: only the
+        roles `escalate_to` may decide, and a second timeout rejects it). An action is
+        not `idempotent` unless it says so: a call whose worker died while its handler ran
+        is not run again but asked of `reconcile(ctx)`, then of a person."""
 
         def register(handler: F) -> F:
             self.registry.add(
@@ -134,6 +148,11 @@ class AgentApp:
                     roles=roles,
                     approvers=approvers,
                     queue=queue,
+                    approval_timeout=approval_timeout,
+                    on_timeout=on_timeout,
+                    escalate_to=escalate_to,
+                    idempotent=idempotent,
+                    reconcile=reconcile,
                 )
             )
             return handler

@@ -18,6 +18,7 @@ from .checkpoints import Decision
 from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .loading import load_app
+from .reconciliation import Outcome, Reconciliation, record_reconciliation
 from .runs import RunRequest, admit_run
 from .runs import post_message as post_to_inbox
 from .settings import Settings, get_settings
@@ -182,6 +183,38 @@ class Client:
             self.wake(run_id)
         return outcome == "recorded"
 
+    def reconcile(
+        self,
+        run_id: str,
+        call_id: str,
+        outcome: Outcome,
+        *,
+        actor: str,
+        result: Any = None,
+        error: str | None = None,
+    ) -> bool:
+        """Say how a call whose outcome is unknown ended (its worker died while its handler
+        ran: README, "Outcome unknown: no blind retry"), then wake the run.
+
+        `succeeded`: `result` is recorded as the call's result; `failed`: the model is told
+        `error`; `retry`: the handler runs again. Returns True once recorded; raises
+        `InvalidRequestError`, `UnknownRunError`, `UnknownCallError` or
+        `ReconcileRefusedError` (the actor may not decide, the call is not waiting for a
+        decision: the first decision wins), and then records nothing.
+        """
+        decision = Reconciliation(outcome, actor, result, error)
+        with self.store.begin() as conn:
+            recorded = record_reconciliation(conn, self.app, run_id, call_id, decision)
+        if recorded.resend is not None and self.dispatcher is not None:
+            try:  # the step is `scheduled` again: the sweep sends it if this send is lost
+                self.dispatcher.steps(run_id, [recorded.resend])
+            except BROKER_ERRORS as exc:
+                log.warning(
+                    "run %s: the broker could not be reached (%s); %s", run_id, exc, DECIDED
+                )
+        self.wake(run_id)
+        return True
+
     # --- the session runtime -----------------------------------------------------------
 
     def post_message(self, run_or_thread: str, text: str, *, target: str = "next-step") -> str:
@@ -296,6 +329,20 @@ def answer(run_id: str, request_id: str, answers: dict[str, Any], *, actor: str)
     return default_client().answer(run_id, request_id, answers, actor=actor)
 
 
+def reconcile(
+    run_id: str,
+    call_id: str,
+    outcome: Outcome,
+    *,
+    actor: str,
+    result: Any = None,
+    error: str | None = None,
+) -> bool:
+    return default_client().reconcile(
+        run_id, call_id, outcome, actor=actor, result=result, error=error
+    )
+
+
 def post_message(run_or_thread: str, text: str, *, target: str = "next-step") -> str:
     return default_client().post_message(run_or_thread, text, target=target)
 
@@ -332,6 +379,7 @@ __all__ = [
     "events",
     "get_run",
     "post_message",
+    "reconcile",
     "reject",
     "wait",
     "when_idle",

@@ -212,6 +212,11 @@ class DecisionRefusedError(ApprovalError):
         super().__init__(reason)
 
 
+class ReconcileRefusedError(DecisionRefusedError):
+    """A person's word on a call whose outcome is unknown was refused (the call is not
+    waiting for one, the actor may not give it); nothing was recorded."""
+
+
 # --- control flow (not failures) -----------------------------------------------------
 
 

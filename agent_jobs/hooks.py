@@ -38,11 +38,25 @@ class StepCall:
 
 @dataclass(frozen=True)
 class ApprovalWait:
-    """The turn waits for a decision on one call of one run."""
+    """The turn waits for a decision on one call of one run.
+
+    `requested`: the call was asked for with the turn's other calls
+    (`LoopHooks.request_approvals`); the wait finds the request on record and streams
+    nothing again.
+    """
 
     run_id: str
     call: ToolCall
     args_sha256: str
+    requested: bool = False
+
+
+@dataclass(frozen=True)
+class ApprovalRequests:
+    """Every decision a model turn's calls need, asked for at once, in call order: a
+    person sees them all and may decide them in any order."""
+
+    waits: Sequence[ApprovalWait]
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,10 @@ class LoopHooks:
             f"run {wait.run_id} needs a decision on {wait.call.name} ({wait.call.id}) "
             "but this runner has no way to ask for one"
         )
+
+    def request_approvals(self, requests: ApprovalRequests) -> None:
+        """Ask for every decision at once (each then awaited in call order); by default
+        each is asked for only when it is awaited."""
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
         raise ApprovalError(f"run {wait.run_id} asks questions but nobody can answer them")

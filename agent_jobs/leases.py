@@ -262,6 +262,10 @@ class Leases:
         key = _attempts_key(run_id, step)
         return int(self._count(keys=[key], args=[ATTEMPTS_TTL, recorded]))
 
+    def reset_attempts(self, run_id: str, step: str) -> None:
+        """Forget the step's deliveries: a person may have it run again, counted afresh."""
+        self.client.delete(_attempts_key(run_id, step))
+
     def refresh(self, run_id: str, step: str, holder: Holder, seconds: float) -> bool:
         """Keep the lease alive; False when another delivery holds it now."""
         return bool(

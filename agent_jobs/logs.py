@@ -143,13 +143,23 @@ def known_secrets() -> list[str]:
 
     found: list[str] = []
     settings = get_settings()
-    for secret in (settings.approval_secret, settings.database_password, settings.metrics_token):
+    for secret in (
+        settings.approval_secret,
+        settings.database_password,
+        settings.metrics_token,
+        settings.webhook_secret,
+    ):
         if secret is not None:
             found.append(secret.get_secret_value())
     if settings.api_tokens is not None:  # the HTTP API's bearer tokens (a JSON object)
         with contextlib.suppress(ValueError, AttributeError):
             found.extend(json.loads(settings.api_tokens.get_secret_value()).keys())
-    for url in (settings.database_url, settings.broker_url, settings.redis_url):
+    for url in (
+        settings.database_url,
+        settings.broker_url,
+        settings.redis_url,
+        settings.webhook_url,
+    ):
         password = urlsplit(url).password if url else None
         if password:
             found.append(password)

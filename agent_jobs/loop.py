@@ -37,6 +37,7 @@ from .errors import (
 from .history import SlidingWindowHistory, summary_message
 from .hooks import (
     AnswersWait,
+    ApprovalRequests,
     ApprovalWait,
     Delegation,
     LoopHooks,
@@ -65,6 +66,7 @@ R = TypeVar("R", bound=BaseModel)
 
 PARALLEL_TOOLS = "agent:parallel-tools"
 HISTORY_SELECT = "agent:history-select"
+APPROVALS_AT_ONCE = "agent:approvals-at-once"
 MAX_QUESTION_ROUNDS = 5
 TITLE_LENGTH = 60
 
@@ -245,10 +247,27 @@ class _Tools:
             # Eligible only when the *journaled* kind of every call is read.
             if all(v.kind == "read" for v in verdicts):
                 return self.run_reads(calls, verdicts)
+            requested = self.request_approvals(calls, verdicts)
             return [
-                self.finish(call, verdict) for call, verdict in zip(calls, verdicts, strict=True)
+                self.finish(call, verdict, requested)
+                for call, verdict in zip(calls, verdicts, strict=True)
             ]
         return [self.finish(call, self.record(call)) for call in calls]
+
+    def request_approvals(self, calls: list[ToolCall], verdicts: list[CallVerdict]) -> bool:
+        """Ask a person for every decision the turn's calls need, at once; they still run
+        one by one in call order. A new shape of the journal (the requests come before the
+        first call runs), so gated: a run that waited under the old shape keeps it."""
+        actions = [
+            call
+            for call, verdict in zip(calls, verdicts, strict=True)
+            if verdict.kind == "action" and verdict.status != "failed"
+        ]
+        if not actions or not self.hooks.patched(Patch(APPROVALS_AT_ONCE)):
+            return False
+        waits = [_approval_wait(self.turn.run_id, call, requested=True) for call in actions]
+        self.hooks.request_approvals(ApprovalRequests(waits))
+        return True
 
     def record(self, call: ToolCall) -> CallVerdict:
         """`persist:toolcall:<id>`: kind, authorization and validation, decided once."""
@@ -309,14 +328,15 @@ class _Tools:
             for call, verdict in zip(calls, verdicts, strict=True)
         ]
 
-    def finish(self, call: ToolCall, verdict: CallVerdict) -> Message:
-        """Take one recorded call to its result message."""
+    def finish(self, call: ToolCall, verdict: CallVerdict, requested: bool = False) -> Message:
+        """Take one recorded call to its result message (`requested`: its approval was
+        asked for with the turn's other calls)."""
         if verdict.status == "failed":
             return self.persist_failure(call, verdict.error or "the call was refused")
         if verdict.kind == "agent":
             return self.delegate(call)
         if verdict.kind == "action":
-            wait = ApprovalWait(self.turn.run_id, call, args_sha256(call.args))
+            wait = _approval_wait(self.turn.run_id, call, requested=requested)
             decision = self.hooks.await_approval(wait)
             if not decision.approved:
                 body = {"rejected": True, "by": decision.actor, "reason": decision.reason}
@@ -379,6 +399,10 @@ class _Tools:
             name=call.name,
             is_error=status != "executed",
         )
+
+
+def _approval_wait(run_id: str, call: ToolCall, *, requested: bool) -> ApprovalWait:
+    return ApprovalWait(run_id, call, args_sha256(call.args), requested=requested)
 
 
 def _unique_calls(calls: list[ToolCall], seen: set[str], n: int) -> list[ToolCall]:

@@ -108,6 +108,19 @@ class Settings(SettingsBase):
     stream_maxlen: int = 10_000
     stream_ttl: int = 3600
 
+    # Notifications (agent_jobs/notify): a run that ends or starts waiting for a person
+    # goes from the outbox to the Redis Stream `agent_jobs:events` (about
+    # `events_maxlen` entries kept) and, with `webhook_url`, is POSTed there signed with
+    # `webhook_secret` (required with a URL), retried with backoff until a 2xx.
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    webhook_timeout: float = Field(default=10.0, gt=0)  # seconds, each POST
+    webhook_retry_base_delay: float = Field(default=1.0, gt=0)  # doubled per retry
+    webhook_retry_max_delay: float = Field(default=300.0, gt=0)  # the longest wait
+    events_maxlen: int = Field(default=100_000, ge=1)
+    notify_poll_interval: float = Field(default=1.0, gt=0)  # looks for others' rows
+    notify_retention: float = Field(default=7 * 86400.0, gt=0)  # delivered rows kept
+
     # Metrics and traces (agent_jobs/metrics.py, agent_jobs/tracing.py): off by default.
     # Set, workers, the approvals listener and `serve` serve Prometheus metrics on this
     # port, at `metrics_addr`; a scrape then needs `Authorization: Bearer <metrics_token>`

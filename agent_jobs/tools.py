@@ -8,7 +8,7 @@ import contextvars
 import inspect
 import typing
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NoReturn
 
 import docstring_parser
@@ -19,6 +19,9 @@ from .errors import ConfigurationError, ToolInputError, ToolNotPermittedError, U
 from .messages import ToolSpec
 
 ToolKind = Literal["read", "action", "agent"]
+# What becomes of an approval nobody gave within the tool's `approval_timeout`.
+OnTimeout = Literal["reject", "approve", "escalate"]
+ON_TIMEOUT: tuple[OnTimeout, ...] = ("reject", "approve", "escalate")
 TOOL_KINDS: tuple[str, ...] = ("read", "action", "agent")
 
 Roles = Callable[[str], Iterable[str]]
@@ -45,6 +48,20 @@ class ToolContext:
         raise QuestionsAsked(normalised)
 
 
+@dataclass(frozen=True)
+class ReconcileContext(ToolContext):
+    """What a tool's `reconcile` is asked with: the call (`tool`, `args`) and its
+    idempotency key, after a worker died while the handler ran."""
+
+    tool: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+# A tool's `reconcile(ctx)`: the call's result if it finds the call took effect (looked up
+# by `ctx.idempotency_key`), or None when it cannot tell (a person then decides).
+Reconciler = Callable[[ReconcileContext], Any]
+
+
 class QuestionsAsked(Exception):
     """Raised by `ToolContext.ask`: the tool needs a person's answers to go on."""
 
@@ -69,8 +86,11 @@ class RolesPolicy:
     def may_use(self, tool: Tool, actor: str) -> bool:
         return tool.roles is None or bool(tool.roles & self.roles_of(actor))
 
-    def may_approve(self, tool: Tool, actor: str) -> bool:
-        return tool.approvers is None or bool(tool.approvers & self.roles_of(actor))
+    def may_approve(self, tool: Tool, actor: str, approvers: Iterable[str] | None = None) -> bool:
+        """Whether `actor`'s decision on a call of `tool` counts: a role among the tool's
+        approvers, or among `approvers` when given (an escalated call's)."""
+        allowed = frozenset(approvers) if approvers is not None else tool.approvers
+        return allowed is None or bool(allowed & self.roles_of(actor))
 
 
 _RESULT = TypeAdapter(Any)
@@ -96,15 +116,26 @@ class Tool:
         roles: Iterable[str] | None = None,
         approvers: Iterable[str] | None = None,
         queue: str | None = None,
+        approval_timeout: float | None = None,
+        on_timeout: OnTimeout = "reject",
+        escalate_to: Iterable[str] | None = None,
+        idempotent: bool | None = None,
+        reconcile: Reconciler | None = None,
     ) -> None:
         if kind not in ("read", "action"):
             raise ConfigurationError(
                 f"tool kind must be 'read' or 'action', not {kind!r} "
                 "(name an agent in `tools` to delegate)"
             )
+        name = name or handler.__name__
+        (
+            self.approval_timeout,
+            self.on_timeout,
+            self.escalate_to,
+        ) = _approval_deadline(name, kind, approval_timeout, on_timeout, escalate_to)
         self.handler = handler
         self.kind: ToolKind = kind
-        self.name = name or handler.__name__
+        self.name = name
         summary, documented = _docstring(handler)
         self.description = description or summary
         self.roles = frozenset(roles) if roles is not None else None
@@ -115,6 +146,7 @@ class Tool:
         if queue is not None and (not queue or not queue.isprintable() or "@" in queue):
             raise ConfigurationError(f"tool {self.name}: bad queue name {queue!r}")
         self.queue = queue
+        self.idempotent, self.reconciler = _idempotence(name, kind, idempotent, reconcile)
         self.input_model, self.wants_ctx = _input_model(handler, self.name, documented)
         self._spec: ToolSpec | None = None
 
@@ -155,6 +187,73 @@ class Tool:
         if inspect.iscoroutine(result):
             result = _run_to_completion(result)
         return _RESULT.dump_python(result, mode="json")
+
+    def reconciled(self, ctx: ReconcileContext) -> Any | None:
+        """The call's result as the tool's `reconcile` finds it (JSON-ready), or None when
+        the tool has none or it cannot tell. Its failures raise."""
+        if self.reconciler is None:
+            return None
+        found = self.reconciler(ctx)
+        if inspect.iscoroutine(found):
+            found = _run_to_completion(found)
+        return None if found is None else _RESULT.dump_python(found, mode="json")
+
+
+def _idempotence(
+    name: str, kind: ToolKind, idempotent: bool | None, reconcile: Reconciler | None
+) -> tuple[bool, Reconciler | None]:
+    """Whether a call may be run again after its worker died mid-handler, and the tool's
+    `reconcile`. A read always may; an action may not unless it says so (`idempotent=True`):
+    its call's outcome is then unknown, and is asked of `reconcile` or of a person."""
+    if idempotent is not None and not isinstance(idempotent, bool):
+        raise ConfigurationError(f"tool {name}: idempotent must be True or False")
+    if kind == "read":
+        if idempotent is False or reconcile is not None:
+            raise ConfigurationError(
+                f"tool {name}: a read is always run again after a crash; idempotent=False "
+                "and reconcile are for actions"
+            )
+        return True, None
+    chosen = bool(idempotent)  # an action is not idempotent unless it says so
+    if reconcile is not None and (chosen or not callable(reconcile)):
+        raise ConfigurationError(
+            f"tool {name}: reconcile must be a function (ctx) -> result | None, and is "
+            "for an action that is not idempotent"
+        )
+    return chosen, reconcile
+
+
+def _approval_deadline(
+    name: str,
+    kind: ToolKind,
+    timeout: float | None,
+    on_timeout: OnTimeout,
+    escalate_to: Iterable[str] | None,
+) -> tuple[float | None, OnTimeout, frozenset[str] | None]:
+    """An action's approval deadline, checked: seconds, what then, and who it escalates to."""
+    if on_timeout not in ON_TIMEOUT:
+        raise ConfigurationError(
+            f"tool {name}: on_timeout must be one of {', '.join(ON_TIMEOUT)}, not {on_timeout!r}"
+        )
+    escalated = frozenset(escalate_to) if escalate_to is not None else None
+    if timeout is None:
+        if escalated is not None or on_timeout != "reject":
+            raise ConfigurationError(
+                f"tool {name}: on_timeout and escalate_to need an approval_timeout (seconds)"
+            )
+        return None, on_timeout, None
+    if kind != "action":
+        raise ConfigurationError(
+            f"tool {name}: only an action waits for approval; approval_timeout is for actions"
+        )
+    if not (isinstance(timeout, int | float) and timeout > 0):
+        raise ConfigurationError(f"tool {name}: approval_timeout must be a number of seconds > 0")
+    if (on_timeout == "escalate") != bool(escalated):
+        raise ConfigurationError(
+            f"tool {name}: on_timeout='escalate' needs escalate_to (the roles it escalates "
+            "to), and escalate_to needs on_timeout='escalate'"
+        )
+    return float(timeout), on_timeout, escalated
 
 
 def _run_to_completion(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -256,6 +355,11 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    @property
+    def deadlined(self) -> bool:
+        """Whether any tool's approvals time out (then a run parked on one is looked at)."""
+        return any(tool.approval_timeout is not None for tool in self._tools.values())
+
     def authorize(self, name: str, actor: str, roles: RolesPolicy, offered: Iterable[str]) -> Tool:
         """The tool, if it is offered to this agent and the actor holds a role for it."""
         tool = self.get(name)
@@ -268,6 +372,8 @@ class ToolRegistry:
 
 __all__ = [
     "TOOL_KINDS",
+    "ReconcileContext",
+    "Reconciler",
     "RolesPolicy",
     "Tool",
     "ToolContext",

@@ -29,6 +29,8 @@ from agent_jobs.dispatch import START_RUN, CeleryDispatcher
 from agent_jobs.errors import ConfigurationError
 from agent_jobs.leases import Leases
 from agent_jobs.loading import load_app
+from agent_jobs.notify.sender import start_sender
+from agent_jobs.notify.webhook import check as check_webhook
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.runners.liveness import Liveness
 from agent_jobs.runners.recovery import give_up, recover_process
@@ -86,6 +88,8 @@ def runtime(celery: Celery) -> Runtime:
             recover = partial(recover_process, runner.store, runner.leases, runner.dispatcher)
             runner.liveness = Liveness(runner.leases, recover, settings.process_timeout)
             runner.liveness.start()
+            # Notifications this process (or another) wrote: to Redis and the webhook.
+            start_sender(runner.store, settings, redis_client=redis_client)
             tracing.setup(settings)  # after the app, which may have set OpenTelemetry up
             log.info(
                 "agent-jobs runner ready in process %d: up to %d database connections, "
@@ -133,6 +137,16 @@ def _observe(**_: object) -> None:
             _metrics_dir = directory if own else None
         metrics.setup(settings, multiprocess_dir=directory)
         metrics.bind(settings)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+@worker_init.connect
+def _check_notifications(**_: object) -> None:
+    """A webhook that cannot be sent safely (no secret) stops the start with one line."""
+    try:
+        check_webhook(get_settings())
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -234,6 +234,8 @@ def test_an_approval_through_the_api_releases_the_durable_run(stack: Stack) -> N
         "actor": "user-7",
         "agent": "support",
         "requested_at": listed["requested_at"],
+        "deadline": None,  # the tool has no approval_timeout
+        "escalated": False,
     }
     # Only those whose roles may decide it see it.
     assert stack.pending("carol", run_id) and not stack.pending("user-7", run_id)

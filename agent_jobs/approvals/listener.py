@@ -37,6 +37,8 @@ from .. import metrics
 from ..client import Client
 from ..errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
 from ..logs import log_context
+from ..notify.sender import start_sender
+from ..notify.webhook import check as check_webhook
 from ..settings import Settings, SettingsBase, get_settings
 from .messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
 from .stream import ApprovalsStream, Entry
@@ -153,6 +155,7 @@ class ApprovalsListener:
                 "the approvals listener needs Redis: set AGENT_JOBS_REDIS_URL "
                 "or AGENT_JOBS_BROKER_URL"
             )
+        check_webhook(settings)  # the listener sends notifications too
         secret = settings.approval_secret.get_secret_value() if settings.approval_secret else None
         if not secret and not allow_unsigned:
             raise ConfigurationError(
@@ -263,6 +266,8 @@ class ApprovalsListener:
         # Metrics, when AGENT_JOBS_METRICS_PORT is set (a missing extra or a port in use
         # is a ConfigurationError, before anything is served).
         metrics.serve(self.client.settings, store=self.client.store)
+        # Runs' notifications, delivered from here too (agent_jobs/notify).
+        start_sender(self.client.store, self.client.settings)
         try:
             self.stream.ensure_group()
         except redis.RedisError as exc:

@@ -76,8 +76,10 @@ def record_decision(
         )
     if call.name in app.registry:
         tool = app.registry.get(call.name)
-        if not app.roles.may_approve(tool, decision.actor):
-            approvers = ", ".join(sorted(tool.approvers or ()))
+        # An escalated call is for the roles it was escalated to (approvals/deadlines.py).
+        escalated = call.approvers if call.escalated else None
+        if not app.roles.may_approve(tool, decision.actor, escalated):
+            approvers = ", ".join(sorted(escalated or tool.approvers or ()))
             raise DecisionRefusedError(
                 f"actor {decision.actor!r} may not decide on {call.name}: "
                 f"it needs one of the roles {approvers}"

@@ -9,6 +9,7 @@ from .common import report_warnings
 from .db import db
 from .enqueue import enqueue
 from .inspect import journal, runs, status
+from .reconcile import reconcile
 from .run import run
 from .serve import serve
 from .session import answer, cancel, events, say
@@ -40,6 +41,7 @@ for command in (
     approve,
     reject,
     answer,
+    reconcile,
     approvals,
     db,
     serve,

@@ -323,6 +323,12 @@ def _line(frame: Frame) -> Text | None:
         error = frame.get("error")
         shown = visible(error) if error else json_text(frame.get("result"))
         return Text(f"← {tool} {status}: {shown}", style="dim")
+    if kind == "outcome_unknown":
+        # Display only: `agent-jobs reconcile` checks the call against the store.
+        said = f"? {tool}: its worker died while it ran; how it ended is unknown"
+        ask = f"agent-jobs reconcile {frame.get('run_id', '')} {frame.get('call_id', '')} "
+        ask += "(--succeeded JSON | --failed MESSAGE | --retry)"
+        return Text(visible(f"{said}: {ask}"), style="yellow")
     if kind == "error":
         failed = f"run failed ({frame.get('error_type')}): {frame.get('error')}"
         return Text(visible(failed), style="red")

@@ -23,6 +23,9 @@ from ..http import API_EXTRA
 from ..http.door import Door, DurableDoor
 from ..loading import load_app
 from ..logs import configure_logging
+from ..notify.sender import start_sender
+from ..notify.webhook import check as check_webhook
+from ..reconciliation import Reconciliation, record_reconciliation
 from ..runners.inline import InlineRunner
 from ..runs import RunRequest
 from ..settings import Settings, get_settings
@@ -91,6 +94,13 @@ class InlineDoor:
     def answer(self, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
         return self.inline.answer(run_id, request_id, answers, actor=actor)
 
+    def reconcile(self, run_id: str, call_id: str, decision: Reconciliation) -> bool:
+        # An inline run dies with its process and never waits on an unknown outcome: this
+        # refuses, unless the call is a durable run's (then the sweep wakes it).
+        with self.store.begin() as conn:
+            record_reconciliation(conn, self.app, run_id, call_id, decision)
+        return True
+
     def post_message(self, run_id: str, text: str, *, target: str) -> str:
         return self.inline.post_message(run_id, text, target=target)
 
@@ -123,7 +133,9 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     TokenTable.from_secret(settings.api_tokens)
     tracing.check(settings)  # a missing extra is refused before anything connects
+    check_webhook(settings)  # so is a webhook without a secret
     door = build_door(settings)
+    start_sender(door.store, settings)  # runs' notifications, from this process too
     tracing.setup(settings)  # after the app, which may have set OpenTelemetry up itself
     # AGENT_JOBS_METRICS_PORT: the metrics on their port, and at GET /metrics too.
     metrics.serve(settings, store=door.store)

@@ -5,13 +5,17 @@
   for and the runs it delegated to): an approver follows what they decide on. Anyone
   else is told there is no such run (404), as for an id that does not exist, so a token
   cannot probe which runs exist.
-- Its calls are decided by the actors the tool's `approvers` name, checked as the
-  approvals channel checks them (`app.roles.may_approve`).
+- Its calls are decided by the actors the tool's `approvers` name (an escalated call's:
+  the roles it went to), checked as the approvals channel checks them
+  (`app.roles.may_approve`).
 - Its questions are answered, and it is steered or cancelled, by its actor and by
   `service` actors; another actor who may read it is refused (403).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from ..app import AgentApp
 from ..errors import UnknownRunError
@@ -21,12 +25,22 @@ from .door import Door
 from .errors import PermissionDeniedError
 
 
-def may_decide(app: AgentApp, caller: Caller, tool: str) -> bool:
-    """Whether the caller's decision on a call of `tool` counts (as `record_decision`
-    judges it: a tool the app no longer defines names no approvers)."""
-    if tool not in app.registry:
+def may_decide(app: AgentApp, caller: Caller, call: Mapping[str, Any]) -> bool:
+    """Whether the caller's decision on `call` (its record) counts, as `record_decision`
+    judges it: the tool's approvers, or the roles an escalated call went to; a tool the
+    app no longer defines names no approvers."""
+    if call["name"] not in app.registry:
         return True
-    return app.roles.may_approve(app.registry.get(tool), caller.actor)
+    escalated = call["approvers"] if call.get("escalated") else None
+    return app.roles.may_approve(app.registry.get(call["name"]), caller.actor, escalated)
+
+
+def approvers_of(app: AgentApp, call: Mapping[str, Any]) -> list[str]:
+    """The roles that may decide `call` now."""
+    if call.get("escalated"):
+        return sorted(call["approvers"] or ())
+    tool = app.registry.get(call["name"]) if call["name"] in app.registry else None
+    return sorted(tool.approvers or ()) if tool is not None else []
 
 
 def owns(caller: Caller, run: RunView) -> bool:
@@ -42,7 +56,7 @@ def may_read(door: Door, caller: Caller, run: RunView) -> bool:
         return True
     for run_id in door.store.run_tree(run.root_run_id):
         for call in door.store.tool_calls(run_id):
-            if call["kind"] == "action" and may_decide(door.app, caller, call["name"]):
+            if call["kind"] == "action" and may_decide(door.app, caller, call):
                 return True
     return False
 

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from ..errors import DecisionRefusedError, InvalidRequestError, UnknownCallError
 from ..messages import args_sha256
 from . import sse
-from .access import may_decide, owned_run, readable_run
+from .access import approvers_of, may_decide, owned_run, readable_run
 from .auth import Caller, CallerDep
 from .bodies import AnswersBody, DecisionBody, Recorded
 from .errors import (
@@ -109,8 +109,8 @@ def decide(
     if call is None:
         raise UnknownCallError(run_id, call_id)
     tool = str(call["name"])
-    if not may_decide(door.app, caller, tool):
-        approvers = ", ".join(sorted(door.app.registry.get(tool).approvers or ()))
+    if not may_decide(door.app, caller, call):
+        approvers = ", ".join(approvers_of(door.app, call))
         raise PermissionDeniedError(
             f"actor {caller.actor!r} may not decide on {tool}: it needs one of the roles "
             f"{approvers}"

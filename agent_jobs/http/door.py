@@ -15,6 +15,7 @@ import redis
 
 from ..app import AgentApp
 from ..client import Client
+from ..reconciliation import Reconciliation
 from ..runs import RunRequest
 from ..settings import Settings
 from ..store import Store
@@ -54,6 +55,11 @@ class Door(Protocol):
 
     def answer(self, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
         """Record answers, then release the run; False if answered already."""
+        ...
+
+    def reconcile(self, run_id: str, call_id: str, decision: Reconciliation) -> bool:
+        """Record how a call whose outcome is unknown ended, then release the run; a call
+        not waiting for that is refused (`ReconcileRefusedError`)."""
         ...
 
     def post_message(self, run_id: str, text: str, *, target: str) -> str:
@@ -111,6 +117,12 @@ class DurableDoor:
 
     def answer(self, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
         return self.client.answer(run_id, request_id, answers, actor=actor)
+
+    def reconcile(self, run_id: str, call_id: str, decision: Reconciliation) -> bool:
+        d = decision
+        return self.client.reconcile(
+            run_id, call_id, d.outcome, actor=d.actor, result=d.result, error=d.error
+        )
 
     def post_message(self, run_id: str, text: str, *, target: str) -> str:
         return self.client.post_message(run_id, text, target=target)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 
 from ..settings import Settings
-from . import decisions, errors, page, runs, scraping, service
+from . import decisions, errors, page, reconcile, runs, scraping, service
 from .auth import TokenTable
 from .door import Door
 from .middleware import BodyLimit, SecurityHeaders
@@ -51,6 +51,7 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
         service.router,
         runs.router,
         decisions.router,
+        reconcile.router,
         page.router,
         scraping.router,
         *routers,

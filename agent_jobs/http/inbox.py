@@ -32,10 +32,12 @@ def inbox(door: Door, caller: Caller) -> dict[str, list[dict[str, Any]]]:
             "args_sha256": args_sha256(call["args"]),
             "actor": call["actor"],
             "agent": call["agent"],
-            "requested_at": _iso(call["created_at"]),
+            "requested_at": _iso(call["requested_at"] or call["created_at"]),
+            "deadline": _iso(call["approval_deadline"]),
+            "escalated": bool(call["escalated"]),
         }
         for call in door.store.pending_calls()
-        if may_decide(door.app, caller, call["name"])
+        if may_decide(door.app, caller, call)
     ]
     questions = [
         {

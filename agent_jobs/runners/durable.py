@@ -18,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .. import diagnostics, observe
 from ..app import AgentApp
-from ..dispatch import Dispatcher, ResendingDispatcher, own_queue, tools_of
+from ..dispatch import Dispatcher, ResendingDispatcher, tools_of
 from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
 from ..executor import StepEnv, execute_remote
 from ..leases import Holder, Leases
@@ -44,7 +45,7 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import RunStream, StreamBackend
-from . import journal_cache, recovery
+from . import journal_cache, reconcile, recovery
 from .liveness import Liveness, working_on
 from .replay import DurableHooks, drive, hooks_for, sent_as
 from .step_tasks import (
@@ -54,6 +55,7 @@ from .step_tasks import (
     EagerEvents,
     Kept,
     Running,
+    claim,
     dead_letter,
     heartbeat,
     model_failed,
@@ -181,7 +183,7 @@ class DurableRunner:
                 stream = RunStream(self.streams, run.root_run_id, run_id)
                 env = StepEnv(app=self.app, stream=stream, inbox=read.inbox)
                 if completion is not None:
-                    completion.into(env, run)
+                    completion.into(env, run, conn)
                 if run.finished:  # the completion is written: it changes nothing more
                     self.journal_cache.drop(run_id, run.created_at)
                     self.loops.drop(run_id)
@@ -219,7 +221,7 @@ class DurableRunner:
                         ending = Ending.completed(result.output)
                         outcome = "completed"
                     if keep and ending is None:
-                        kept = self._claim(run, hooks)
+                        kept = claim(run, hooks, self.settings.step_lease)
                     if ending is None:  # the pass's rows and events in one statement
                         journal_rows.insert_many(conn, hooks.new_rows, env.take_events())
                     else:
@@ -242,9 +244,14 @@ class DurableRunner:
         for woken in (finished.next_run, finished.parent):
             if woken is not None:
                 self.dispatcher.coordinate(woken)
-        if wake_at_deadline is not None and ending is None:
-            # Be there when the deadline passes, even if the run is then parked.
-            left = (wake_at_deadline - utcnow()).total_seconds()
+        wake = [] if wake_at_deadline is None else [wake_at_deadline]
+        if hooks is not None:  # approvals' deadlines, within a step's time limit (less
+            # than the broker's visibility timeout, which a delayed message must not outlive)
+            horizon = utcnow() + timedelta(seconds=self.settings.step_time_limit)
+            wake += [m for m in hooks.wakeups if m <= horizon]  # later: the sweep's
+        for moment in sorted(set(wake)) if ending is None else ():
+            # Be there when a deadline passes, even if the run is then parked.
+            left = (moment - utcnow()).total_seconds()
             self.dispatcher.coordinate(run_id, countdown=max(0.0, left) + 0.05)
         if hooks is not None and hooks.sticky is not None:  # the pass is done with them
             self.loops.keep(hooks.sticky)  # the loop, parked where the pass suspended
@@ -265,27 +272,6 @@ class DurableRunner:
         self.journal_cache.keep(run.run_id, run.created_at, [*read.loaded, *new], read.known)
         for step, intent in hooks.whole.items() if hooks is not None else ():
             self.journal_cache.keep_model(run.run_id, run.created_at, step, intent)
-
-    def _claim(self, run: RunView, hooks: DurableHooks) -> Kept | None:
-        """Keep the first remote step the pass schedules for this process to run at once:
-        its row is written claimed (started, leased to this process), so the claim costs
-        nothing beyond the pass's own insert; the other steps are sent."""
-        # A step with a queue of its own (a CPU-bound tool's) is always sent there.
-        mine = [i for i, (task, _) in enumerate(hooks.to_dispatch) if own_queue(task)[1] is None]
-        if not mine:
-            return None
-        task, step = hooks.to_dispatch.pop(mine[0])
-        [written] = [r for r in hooks.new_rows if r["step"] == step]
-        holder = Holder.me()
-        journal_rows.claim(written, str(holder), self.settings.step_lease)
-        # The row as a step task reads it (`journal.get_with_run`), its intent whole.
-        snapshot = SimpleNamespace(
-            **{**written, "intent": hooks.whole_intent(step)},
-            run_status="running",
-            root_run_id=run.root_run_id,
-            thread_id=run.thread_id,
-        )
-        return Kept(task, step, snapshot, holder)
 
     def _fail(self, run_id: str, exc: Exception) -> str:
         message, error_type = f"internal error: {exc}", type(exc).__name__
@@ -324,7 +310,7 @@ class DurableRunner:
         """Run the steps passes keep back, one after another, in this task: the next step
         runs where the last one ended, with no broker round trip.
 
-        The pass that keeps a step writes its row claimed by this process (`_claim`): its
+        The pass that keeps a step writes its row claimed by this process (`claim`): its
         first attempt, leased in the row itself, which the heartbeat extends while it
         runs. A delivery of the step meanwhile leaves it alone; if this process dies, the
         message of the task that began the chain comes back and sends the steps whose
@@ -415,15 +401,27 @@ class DurableRunner:
                 attempt = 1
             else:  # a claimed attempt that died was counted in its row, not in Redis
                 attempt = self.leases.count_attempt(run_id, step, row.attempts)
-            # Deliberate retries do not count against the attempts a crashing step gets.
-            if attempt > settings.step_max_attempts + retries:
-                completion = dead_letter(step, attempt)
-            else:
-                completion = self._run_step(
-                    row, step, holder, attempt, retries, claimed=kept is not None
-                )
-                if RUNNING.fenced(holder):  # over the hard time limit: sent again
-                    return f"{step} given up on: over its time limit", None
+            guard = reconcile.guarded(self.app, row)  # a non-idempotent action's call
+            try:
+                # Deliberate retries do not count against the attempts a crashing step gets.
+                if attempt > settings.step_max_attempts + retries:
+                    reconcile.check(self.store, guard)  # an unknown outcome is not given up
+                    completion = dead_letter(step, attempt)
+                else:
+                    reconcile.begin(self.store, guard)  # committed before the handler runs
+                    completion = self._run_step(
+                        row, step, holder, attempt, retries, claimed=kept is not None
+                    )
+                    if RUNNING.fenced(holder):  # over the hard time limit: sent again
+                        return f"{step} given up on: over its time limit", None
+            except reconcile.HandlerBegan:  # and its worker died: never run blindly again
+                assert guard is not None
+                found = reconcile.settle(self.store, self.leases, guard)
+                if found is None:  # parked until a person says how it ended
+                    return f"{step} outcome unknown; {self.coordinate(run_id)}", None
+                completion = Completion(step, "done", found, attempt=attempt)
+            if guard is not None:  # its outcome is known once this is written
+                completion = replace(completion, call_id=guard.call_id)
             keep = keep and not on_own_queue(row)
             outcome, following = self._drive(run_id, completion, keep=keep)
             return completion.reported(outcome), following
@@ -488,7 +486,6 @@ class DurableRunner:
     # --- recovery ----------------------------------------------------------------------
 
     def sweep(self) -> int:
-        """Re-drive runs that made no progress for a while; returns how many."""
-        return recovery.sweep(
-            self.store, self.leases, self.dispatcher, self.settings.sweep_stale_after
-        )
+        """Decide the approvals past their deadline, re-drive the runs that made no
+        progress for a while (runners/recovery.py); returns how many runs it re-drove."""
+        return recovery.sweep(self)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -29,8 +28,6 @@ from ..checkpoints import Decision, DelegationOutcome
 from ..errors import AgentJobsError, Cancelled, ModelError
 from ..executor import StepEnv, execute_local, execute_remote
 from ..hooks import (
-    AnswersWait,
-    ApprovalWait,
     Delegation,
     LoopHooks,
     ParallelBlock,
@@ -39,6 +36,8 @@ from ..hooks import (
     settle,
 )
 from ..loop import run_agent_loop
+from ..notify.sender import start_sender
+from ..notify.webhook import check as check_webhook
 from ..runs import RunRequest, admit_run, post_message
 from ..settings import Settings, get_settings
 from ..steps import ModelTurn, dump
@@ -47,7 +46,7 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import Frame, MemoryStreams, RunStream
-from . import waits
+from .inline_waits import HumanWaits
 from .turn import (
     Ending,
     announce_end,
@@ -65,7 +64,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class InlineHooks(LoopHooks):
+class InlineHooks(HumanWaits, LoopHooks):
     def __init__(self, runner: InlineRunner, run: RunView, stream: RunStream) -> None:
         self.runner = runner
         self.run = run
@@ -179,79 +178,6 @@ class InlineHooks(LoopHooks):
             )
             return result
 
-    def await_approval(self, wait: ApprovalWait) -> Decision:
-        run_id, store = wait.run_id, self.runner.store
-
-        def recorded() -> Decision | None:
-            with store.connect() as conn:
-                return waits.decided(conn, run_id, wait)
-
-        described = waits.approval(wait)
-        future: Future[Decision] = self.runner._pending_future(run_id, wait.call.id)
-        with store.begin() as conn:
-            self._park(conn, described)
-        self._announce(described.frames)
-        decision = self._wait_for(future, run_id, wait.call.id, recorded)
-        self._resume(described, waits.decision_result(decision))
-        return decision
-
-    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
-        run_id, store = wait.run_id, self.runner.store
-
-        def recorded() -> dict[str, Any] | None:
-            with store.connect() as conn:
-                return waits.answered(conn, run_id, wait.request_id)
-
-        described = waits.answers(wait)
-        future: Future[dict[str, Any]] = self.runner._pending_future(run_id, wait.request_id)
-        with store.begin() as conn:
-            waits.ask(conn, run_id, wait)
-            self._park(conn, described)
-        self._announce(described.frames)
-        given = self._wait_for(future, run_id, wait.request_id, recorded)
-        self._resume(described, waits.answers_result(given))
-        return given
-
-    def _park(self, conn: Connection, wait: waits.HumanWait) -> None:
-        """Journal the wait and park the run on it."""
-        run_id = self.run.run_id
-        journal_rows.insert_pending(
-            conn,
-            run_id=run_id,
-            step=wait.step,
-            seq=self._next_seq(),
-            intent=wait.intent,
-            state="waiting",
-        )
-        run_rows.set_status(conn, run_id, wait.status, waiting_on=wait.label)
-
-    def _announce(self, frames: tuple[waits.FrameSpec, ...]) -> None:
-        self.stream.emit_many(list(frames))
-
-    def _resume(self, wait: waits.HumanWait, result: dict[str, Any]) -> None:
-        with self.runner.store.begin() as conn:
-            journal_rows.complete(conn, self.run.run_id, wait.step, state="done", result=result)
-            run_rows.set_status(conn, self.run.run_id, "running")
-        self._announce((waits.RESUMED,))
-
-    def _wait_for(
-        self, future: Future[T], run_id: str, key: str, recorded: Callable[[], T | None]
-    ) -> T:
-        """Wait for a person. Another process may record the decision or the answers
-        (`agent-jobs approve`, the listener) or cancel the run, so poll the database
-        between waits on the in-process future."""
-        try:
-            while True:
-                try:
-                    return future.result(timeout=self.runner.poll_interval)
-                except FutureTimeout:
-                    self.runner._check_cancel(run_id)
-                    found = recorded()
-                    if found is not None:
-                        return found
-        finally:
-            self.runner._forget_future(run_id, key)
-
     def run_agent(self, delegation: Delegation) -> DelegationOutcome:
         """A nested turn on a transient sub-thread, as a child run of its own: it parks on
         a person exactly as a top-level run does, its frames in the ancestor's stream."""
@@ -307,6 +233,7 @@ class InlineRunner:
         self._finished: dict[str, threading.Event] = {}
         self._cancelled: dict[str, threading.Event] = {}
         diagnostics.set_enabled(self.settings.diagnostics)
+        check_webhook(self.settings)  # a webhook without a secret: refused before a run
 
     # --- starting and waiting ----------------------------------------------------------
 
@@ -331,6 +258,8 @@ class InlineRunner:
             persona=persona,
             metadata=metadata,
         )
+        # This process delivers its runs' notifications (with Redis or a webhook set).
+        start_sender(self.store, self.settings)
         run_id, created = admit_run(
             self.store, self.app, request, runner="inline", status="running"
         )

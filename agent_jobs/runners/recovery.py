@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Protocol
 
+from ..app import AgentApp
+from ..approvals import deadlines
 from ..dispatch import Dispatcher
 from ..leases import SEP, Holder, Leases
+from ..settings import Settings
 from ..store import Store
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
+from ..streams.base import RunStream, StreamBackend
 from .replay import sent_as_journaled
 from .step_tasks import Running
 
@@ -77,10 +82,53 @@ def give_up(store: Store, leases: Leases, dispatcher: Dispatcher, running: Runni
     dispatcher.steps(run_id, [(running.task, step)])
 
 
-def sweep(store: Store, leases: Leases, dispatcher: Dispatcher, stale_after: float) -> int:
-    """Re-drive runs that made no progress for `stale_after` seconds, and send their
+class Runner(Protocol):
+    """What the sweep uses of the durable runner."""
+
+    @property
+    def app(self) -> AgentApp: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def leases(self) -> Leases: ...
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+    @property
+    def streams(self) -> StreamBackend: ...
+    @property
+    def settings(self) -> Settings: ...
+
+
+def sweep(runner: Runner) -> int:
+    """The sweep: decide the approvals past their deadline, then re-drive the runs that
+    made no progress for a while; returns how many runs it re-drove (or woke)."""
+    woken = {found.run_id for found in expire_approvals(runner)}
+    return len(woken) + redrive_stale(
+        runner.store, runner.leases, runner.dispatcher, runner.settings
+    )
+
+
+def expire_approvals(runner: Runner) -> list[deadlines.TimedOut]:
+    """Decide the calls past their deadline (approvals/deadlines.py): stream what was
+    escalated, wake the runs a timeout decided, and be there at an escalated call's new
+    deadline when a delayed message may wait that long (else the next sweep is)."""
+    timed_out = deadlines.expire_due(runner.store, runner.app)
+    horizon = utcnow() + timedelta(seconds=runner.settings.step_time_limit)
+    for found in timed_out:
+        log.info("sweep: call %s of run %s timed out: %s", found.call_id, found.run_id, found.how)
+        RunStream(runner.streams, found.root_run_id, found.run_id).emit_many(list(found.frames))
+        if found.decision is not None:
+            runner.dispatcher.coordinate(found.run_id)
+        elif found.deadline is not None and found.deadline <= horizon:
+            left = (found.deadline - utcnow()).total_seconds()
+            runner.dispatcher.coordinate(found.run_id, countdown=max(0.0, left) + 0.05)
+    return timed_out
+
+
+def redrive_stale(store: Store, leases: Leases, dispatcher: Dispatcher, settings: Settings) -> int:
+    """Re-drive runs that made no progress for `sweep_stale_after` seconds, and send their
     remote steps nobody holds (a claim or a lease); returns how many runs."""
-    cutoff = utcnow() - timedelta(seconds=stale_after)
+    cutoff = utcnow() - timedelta(seconds=settings.sweep_stale_after)
     with store.connect() as conn:
         stale = run_rows.stale_run_ids(conn, cutoff=cutoff)
     for run_id in stale:

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
 from .. import observe
+from ..approvals import deadlines
 from ..checkpoints import Decision, DelegationOutcome
 from ..dispatch import INVOKE_TOOL, MODEL_TURN
 from ..errors import NonDeterminismError, StepFailedError, Suspend
 from ..executor import StepEnv, execute_local
 from ..hooks import (
     AnswersWait,
+    ApprovalRequests,
     ApprovalWait,
     Delegation,
     LoopHooks,
@@ -35,7 +38,8 @@ from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
 from ..store import RunView, model_requests
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
-from . import waits
+from ..store.db import utcnow
+from . import reconcile, waits
 from .journal_cache import Read
 from .sticky import ParkedLoop, StickyLoops
 from .turn import child_run_id, create_child, delegation_intent, delegation_label
@@ -98,6 +102,9 @@ class DurableHooks(LoopHooks):
         # final, which never change.
         self.sticky: ParkedLoop | None = None
         self.seen_final = 0
+        # The tools of the calls the loop asked decisions on so far (a parked loop's,
+        # across the passes that resume it): does a deadline concern the run?
+        self.asked_tools: set[str] = set()
 
     def rebind(self, conn: Connection, run: RunView, rows: list[Any], env: StepEnv) -> None:
         """Serve a pass: its connection, run row, journal and events (a parked loop's
@@ -116,6 +123,9 @@ class DurableHooks(LoopHooks):
         self.parked = _Parked()
         self.resumed = False  # whether this pass resumed the run from a human wait
         self.whole: dict[str, dict[str, Any]] = {}  # new model steps' whole intents
+        # Approval deadlines: when to wake the run to honour them (sent once the pass has
+        # committed).
+        self.wakeups: list[datetime] = []
         # (step, whole intent) of the last model step this process scheduled, if known.
         self.known_model: tuple[str, Any] | None = None
 
@@ -227,11 +237,20 @@ class DurableHooks(LoopHooks):
             row = self._schedule(call.name, intent)
         while True:
             if row.state == "done":
+                if self.run.status == reconcile.STATUS:  # it may have waited on this call
+                    self._settled(call)
                 return row.result
             if row.state == "failed":
                 raise StepFailedError(call.name, row.error or "failed")
-            self._suspend(self._wait(call.name))
+            # A call whose outcome nobody knows waits for a person (runners/reconcile.py).
+            self._suspend(self._wait(*reconcile.waiting_on(self.run, self.env, call, row)))
             row = self.by_name[call.name]  # as the pass that resumed the loop read it
+
+    def _settled(self, call: StepCall) -> None:
+        """The run waited for a person to say how this call ended, and it is recorded."""
+        parked = reconcile.settled(self.run, call)
+        if parked is not None:
+            self._resumed(parked)
 
     def _schedule(self, name: str, intent: Intent) -> Any:
         """Record a new remote step `scheduled`, to be sent once the pass commits."""
@@ -247,12 +266,74 @@ class DurableHooks(LoopHooks):
         self.to_dispatch.append((sent_as(intent), name))
         return self.by_name[name]
 
+    def request_approvals(self, requests: ApprovalRequests) -> None:
+        """Record every decision the turn needs, each at its position, and stream each
+        request now; the calls then wait for theirs one by one (`await_approval`)."""
+        for wait in requests.waits:
+            self.asked_tools.add(wait.call.name)
+            if self._recorded(names.approval(wait.call.id)) is None:
+                described, given = self._asked(wait)
+                result = given()
+                self._record(
+                    described.step, "done" if result else "waiting", described.intent, result
+                )
+                self._announce(described)
+
     def await_approval(self, wait: ApprovalWait) -> Decision:
+        self.asked_tools.add(wait.call.name)
+        if not wait.requested:
+            described, given = self._asked(wait)
+            return waits.recorded_decision(self._await(described, given, self._timed_out))
+        # Asked with the turn's other calls: its row is recorded at an earlier position.
+        described = waits.approval(wait)
+        row = self.by_name[described.step]
+        while row.state != "done" and not self._timed_out(described.step):
+            self._suspend(self._wait(described.label, described.status))
+            row = self.by_name[described.step]
+        self._resumed(described)
+        return waits.recorded_decision(self.by_name[described.step].result)
+
+    def _asked(
+        self, wait: ApprovalWait
+    ) -> tuple[waits.HumanWait, Callable[[], dict[str, Any] | None]]:
+        """The wait as it is streamed (with its deadline, if its tool has one), and what
+        puts the request on the call's record: a decision already made, or none."""
+        now = utcnow()
+        deadline = deadlines.deadline_for(self.env.app, wait.call.name, now)
+
         def given() -> dict[str, Any] | None:
             decided = waits.decided(self.conn, self.run.run_id, wait)
-            return None if decided is None else waits.decision_result(decided)
+            if decided is not None:
+                return waits.decision_result(decided)
+            deadlines.request(
+                self.conn, self.env.app, self.run.run_id, wait.call.id, wait.call.name, now
+            )
+            if deadline is not None:
+                self.wakeups.append(deadline)
+            return None
 
-        return waits.recorded_decision(self._await(waits.approval(wait), given))
+        return waits.approval(wait, deadline), given
+
+    def _timed_out(self, step: str) -> bool:
+        """Whether the run's calls past their deadline decided `step` (in this pass, under
+        the run's lock): a pass woken at a deadline decides what is due, and goes on."""
+        app = self.env.app
+        if not any(deadlines.deadline_for(app, tool, utcnow()) for tool in self.asked_tools):
+            return False  # none of the calls it waits on times out
+        for timed_out in deadlines.expire_run(self.conn, self.env.app, self.run.run_id):
+            for kind, fields in timed_out.frames:
+                self.env.emit_after_commit(kind, **fields)
+            if timed_out.deadline is not None:
+                self.wakeups.append(timed_out.deadline)
+            if timed_out.decision is not None:
+                name = names.approval(timed_out.call_id)
+                row = self.by_name.get(name)
+                if row is not None:  # requested: its row is this run's to complete
+                    result = waits.decision_result(timed_out.decision)
+                    marker = _Marker(name, row.seq, "done", result)
+                    self.by_name[name] = self.by_seq[row.seq] = marker
+        state: str = self.by_name[step].state
+        return state == "done"
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
         def given() -> dict[str, Any] | None:
@@ -261,9 +342,15 @@ class DurableHooks(LoopHooks):
 
         return waits.recorded_answers(self._await(waits.answers(wait), given))
 
-    def _await(self, wait: waits.HumanWait, given: Callable[[], dict[str, Any] | None]) -> Any:
+    def _await(
+        self,
+        wait: waits.HumanWait,
+        given: Callable[[], dict[str, Any] | None],
+        settled: Callable[[str], bool] = lambda step: False,
+    ) -> Any:
         """The wait's recorded result, or suspend on it. `given` is what a person already
-        said (recorded before this pass reached the wait), and puts the ask on record."""
+        said (recorded before this pass reached the wait), and puts the ask on record;
+        `settled` whether something other than a person settled it in this pass."""
         row = self._recorded(wait.step)
         if row is None:
             result = given()
@@ -273,11 +360,11 @@ class DurableHooks(LoopHooks):
                 self._resumed(wait)
                 return result
             row = self.by_name[wait.step]
-        while row.state != "done":
+        while row.state != "done" and not settled(wait.step):
             self._suspend(self._wait(wait.label, wait.status))
             row = self.by_name[wait.step]
         self._resumed(wait)
-        return row.result
+        return self.by_name[wait.step].result
 
     def _announce(self, wait: waits.HumanWait) -> None:
         for kind, fields in wait.frames:

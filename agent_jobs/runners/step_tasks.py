@@ -14,24 +14,26 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import redis
+from sqlalchemy import Connection
 
 from .. import observe
 from ..app import AgentApp
-from ..dispatch import tool_of
+from ..dispatch import own_queue, tool_of
 from ..errors import ModelError, RetryLater
 from ..executor import StepEnv
 from ..leases import Holder, Leases
 from ..settings import Settings
 from ..steps import parse_intent
-from ..store import RunView, Store
+from ..store import RunView, Store, outcomes
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
-from .replay import task_for
+from .replay import DurableHooks, task_for
 from .turn import ask_waterfall
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,28 @@ def summary(outcome: str) -> str:
     return outcome.summary if isinstance(outcome, StepOutcome) else where(outcome)
 
 
+def claim(run: RunView, hooks: DurableHooks, lease: float) -> Kept | None:
+    """Keep the first remote step the pass schedules for this process to run at once:
+    its row is written claimed (started, leased to this process), so the claim costs
+    nothing beyond the pass's own insert; the other steps are sent."""
+    # A step with a queue of its own (a CPU-bound tool's) is always sent there.
+    mine = [i for i, (task, _) in enumerate(hooks.to_dispatch) if own_queue(task)[1] is None]
+    if not mine:
+        return None
+    task, step = hooks.to_dispatch.pop(mine[0])
+    [written] = [r for r in hooks.new_rows if r["step"] == step]
+    holder = Holder.me()
+    journal_rows.claim(written, str(holder), lease)
+    # The row as a step task reads it (`journal.get_with_run`), its intent whole.
+    snapshot = SimpleNamespace(
+        **{**written, "intent": hooks.whole_intent(step)},
+        run_status="running",
+        root_run_id=run.root_run_id,
+        thread_id=run.thread_id,
+    )
+    return Kept(task, step, snapshot, holder)
+
+
 def on_own_queue(row: Any) -> bool:
     """Whether the step went to a queue of its own (a tool's): the step after it is
     sent, not run on that queue's worker."""
@@ -167,12 +191,17 @@ class Completion:
     # given up after too many attempts: for its metrics and its span.
     finished_at: datetime = field(default_factory=utcnow)
     dead_letter: bool = False
+    # The non-idempotent action's call whose handler this step ran: its outcome is known
+    # once this is written (runners/reconcile.py).
+    call_id: str | None = None
 
-    def into(self, env: StepEnv, run: RunView) -> None:
+    def into(self, env: StepEnv, run: RunView, conn: Connection) -> None:
         """Hand what the pass writing this outcome reports to its `env`: the step's
         events, and its metrics and span once the pass has committed."""
         env.events.extend(self.events)
         observe.completed(env, run, self)
+        if self.call_id is not None:
+            outcomes.clear_handler(conn, run.run_id, self.call_id)
 
     def reported(self, run: str) -> StepOutcome:
         """The step's outcome as its task reports it, the run standing at `run`."""

@@ -117,6 +117,7 @@ def finish_turn(
         output=ending.output,
         error=ending.error,
         error_type=ending.error_type,
+        run=run,  # its notification needs no read of the row
     )
     observe.run_finished(env, run, ending.status)
     if ending.status == "cancelled":

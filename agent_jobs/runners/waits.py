@@ -11,14 +11,17 @@ what is recorded and what a stream reader sees is written here alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
+from ..approvals.deadlines import deadline_fields
 from ..approvals.record import decision_from_call
 from ..checkpoints import Answers, Decision
 from ..hooks import AnswersWait, ApprovalWait
+from ..messages import ToolCall
 from ..store import questions as question_rows
 from ..store import runs as run_rows
 from ..store import toolcalls
@@ -26,7 +29,7 @@ from ..store import toolcalls
 FrameSpec = tuple[str, dict[str, Any]]
 
 RESUMED: FrameSpec = ("status", {"status": "running"})
-PARKED: frozenset[str] = frozenset({"awaiting_approval", "awaiting_answers"})
+PARKED: frozenset[str] = frozenset({"awaiting_approval", "awaiting_answers", "awaiting_reconcile"})
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,8 @@ class HumanWait:
     frames: tuple[FrameSpec, ...]  # streamed once the row is committed: status, request
 
 
-def approval(wait: ApprovalWait) -> HumanWait:
-    """A decision on one `action` call."""
+def approval(wait: ApprovalWait, deadline: datetime | None = None) -> HumanWait:
+    """A decision on one `action` call (`deadline`: when it times out, if it does)."""
     call = wait.call
     return HumanWait(
         step=names.approval(call.id),
@@ -57,6 +60,7 @@ def approval(wait: ApprovalWait) -> HumanWait:
                     "tool": call.name,
                     "args": call.args,
                     "args_sha256": wait.args_sha256,
+                    **deadline_fields(deadline),
                 },
             ),
         ),
@@ -80,6 +84,30 @@ def answers(wait: AnswersWait) -> HumanWait:
                     "call_id": call.id,
                     "tool": call.name,
                     "questions": wait.questions,
+                },
+            ),
+        ),
+    )
+
+
+def outcome_unknown(run_id: str, step: str, call: ToolCall) -> HumanWait:
+    """A call whose handler began on a worker that died before its result was recorded:
+    the tool's `reconcile` found nothing, so a person says how it ended (the tool step's
+    row, `waiting`, is what they complete)."""
+    return HumanWait(
+        step=step,
+        status="awaiting_reconcile",
+        label=f"awaiting_reconcile {call.name} {call.id}",
+        intent={"call_id": call.id, "tool": call.name, "args": call.args},
+        frames=(
+            ("status", {"status": "awaiting_reconcile", "call_id": call.id, "tool": call.name}),
+            (
+                "outcome_unknown",
+                {
+                    "call_id": call.id,
+                    "tool": call.name,
+                    "args": call.args,
+                    "idempotency_key": f"{run_id}:{step}",
                 },
             ),
         ),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, select, update
 
 from ..checkpoints import HUMAN_WAITS
+from ..notify import outbox as notices
 from . import driver
 from .db import insert_unless_exists, utcnow
 from .schema import journal, runs, tool_calls, usage
@@ -18,6 +19,7 @@ RunStatus = Literal[
     "running",
     "awaiting_approval",
     "awaiting_answers",
+    "awaiting_reconcile",
     "completed",
     "failed",
     "cancelled",
@@ -27,6 +29,7 @@ RUN_STATUSES: tuple[str, ...] = (
     "running",
     "awaiting_approval",
     "awaiting_answers",
+    "awaiting_reconcile",
     "completed",
     "failed",
     "cancelled",
@@ -114,21 +117,56 @@ def set_status(
     *,
     waiting_on: str | None = None,
     only_if_not_terminal: bool = True,
+    notice: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Move a run to `status`; a finished run never moves again."""
+    """Move a run to `status`; a finished run never moves again.
+
+    Parking the run on a person (a status of `notices.WAITS`, `awaiting_reconcile`
+    included) writes a notification for each new thing it waits on, named in
+    `waiting_on`, in this transaction (`notify/outbox.py`); `notice` is the caller's
+    description of the wait instead (one notification with its fields)."""
+    before = _before_wait(conn, run_id, status, lock=True)
     query = _SET_STATUS if only_if_not_terminal else _SET_STATUS_ANY
     values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_waiting_on": waiting_on}
     values["b_now"] = utcnow()
-    return driver.rowcount(conn, query, values) == 1
+    moved = driver.rowcount(conn, query, values) == 1
+    if moved and before is not None:
+        notices.parked(conn, before, status, waiting_on, notice)
+    return moved
 
 
 def note_status(
-    conn: Connection, run_id: str, status: RunStatus, *, waiting_on: str | None = None
+    conn: Connection,
+    run_id: str,
+    status: RunStatus,
+    *,
+    waiting_on: str | None = None,
+    notice: Mapping[str, Any] | None = None,
 ) -> None:
     """`set_status` (an unfinished run's), sent with the transaction's next statement or
-    its commit: for a caller that does not ask whether it moved."""
+    its commit: for a caller that does not ask whether it moved. A wait is notified as
+    by `set_status`."""
+    # The caller holds the run's lock (a durable pass): its row is read as it stands.
+    before = _before_wait(conn, run_id, status, lock=False)
+    if before is not None:  # its reads first: the writes below wait for the commit
+        notices.parked(conn, before, status, waiting_on, notice)
     values = {"b_run_id": run_id, "b_status": status, "b_waiting_on": waiting_on}
     driver.later(conn, _SET_STATUS, values | {"b_now": utcnow()})
+
+
+def _before_wait(conn: Connection, run_id: str, status: str, *, lock: bool) -> Row[Any] | None:
+    """The run's row (`lock`: locked) before it is parked on a person: what it waited on
+    before tells a new wait from the same one. None for any other status. Parking is
+    rare: the read costs a round trip there alone."""
+    if status not in notices.WAITS:
+        return None
+    # FOR NO KEY UPDATE, the lock the UPDATE takes anyway: a transaction that inserted a
+    # row referring to the run (a question, a journal row) holds a key-share lock on it,
+    # which FOR UPDATE would wait for (two parks of one run at once deadlocked on it).
+    return conn.execute(_LOCK_NO_KEY if lock else _GET, {"run_id": run_id}).first()
+
+
+_LOCK_NO_KEY = _GET.with_for_update(key_share=True)
 
 
 _SET_STATUS_ANY = (
@@ -151,12 +189,18 @@ def finish_run(
     output: str | None = None,
     error: str | None = None,
     error_type: str | None = None,
+    run: Any = None,
 ) -> bool:
-    """Record a run's end, once: the first writer wins."""
+    """Record a run's end, once: the first writer wins, and writes the end's notification
+    in this transaction (`notify/outbox.py`). `run`: the run's row or view, if the caller
+    has it (its agent, actor and thread are read otherwise)."""
     now = utcnow()
     values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_output": output}
     values |= {"b_error": error, "b_error_type": error_type, "b_now": now}
-    return driver.rowcount(conn, _FINISH, values) == 1
+    if driver.rowcount(conn, _FINISH, values) != 1:
+        return False
+    notices.ended(conn, run_id, status, output=output, error=error, error_type=error_type, run=run)
+    return True
 
 
 _FINISH = (
@@ -253,6 +297,9 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
     - parked (awaiting approval or answers), not updated since `cutoff`, with an
       `approval:*` or `answers:*` journal row done after the run's last update (the
       decision or the answers arrived, the wake-up did not);
+    - awaiting reconciliation, not updated since `cutoff`, with no `tool:*` row waiting
+      (a person decided the call's outcome, or had it run again; the wake-up or the
+      step's send did not arrive);
     - asked to cancel (`cancel_cause` set) but not finished, and not updated since
       `cutoff` (a cancel recorded while no wake-up could be sent, the broker down: a
       parked run would wait for ever);
@@ -265,11 +312,17 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
         journal.c.state == "done",
         journal.c.finished_at > runs.c.updated_at,
     )
+    reconcile_waiting = exists().where(
+        journal.c.run_id == runs.c.id,
+        journal.c.step.startswith("tool:"),
+        journal.c.state == "waiting",
+    )
     stale = and_(
         runs.c.updated_at < cutoff,
         or_(
             runs.c.status.in_(("queued", "running")),
             and_(runs.c.status.in_(("awaiting_approval", "awaiting_answers")), decided_waiting),
+            and_(runs.c.status == "awaiting_reconcile", ~reconcile_waiting),
             and_(runs.c.cancel_cause.is_not(None), runs.c.status.not_in(TERMINAL)),
         ),
     )

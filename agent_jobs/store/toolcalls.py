@@ -182,3 +182,69 @@ def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Ro
     if run_id is not None:
         query = query.where(tool_calls.c.run_id == run_id)
     return conn.execute(query).all()
+
+
+# --- approval deadlines (approvals/deadlines.py) ---------------------------------------------
+
+
+def mark_requested(
+    conn: Connection, run_id: str, call_id: str, *, at: Any, deadline: Any | None
+) -> None:
+    """The person was asked now (once: a replay of the request changes nothing), and the
+    call times out at `deadline` (None: never)."""
+    conn.execute(
+        update(tool_calls)
+        .where(
+            tool_calls.c.run_id == run_id,
+            tool_calls.c.call_id == call_id,
+            tool_calls.c.requested_at.is_(None),
+        )
+        .values(requested_at=at, approval_deadline=deadline, updated_at=at)
+    )
+
+
+def due(
+    conn: Connection, *, now: Any, run_id: str | None = None, limit: int = 100
+) -> Sequence[Row[Any]]:
+    """Undecided calls of unfinished runs past their deadline, the earliest first."""
+    query = (
+        select(tool_calls, runs.c.thread_id.label("run_thread_id"))
+        .join(runs, runs.c.id == tool_calls.c.run_id)
+        .where(
+            tool_calls.c.status == "pending_approval",
+            tool_calls.c.approval_deadline.is_not(None),
+            tool_calls.c.approval_deadline <= now,
+            runs.c.status.not_in(TERMINAL),
+        )
+        .order_by(tool_calls.c.approval_deadline)
+        .limit(limit)
+    )
+    if run_id is not None:
+        query = query.where(tool_calls.c.run_id == run_id)
+    return conn.execute(query).all()
+
+
+def escalate(
+    conn: Connection,
+    run_id: str,
+    call_id: str,
+    *,
+    approvers: Sequence[str],
+    deadline: Any,
+    now: Any,
+) -> bool:
+    """Hand an undecided call to `approvers`, with a new deadline (once)."""
+    result = conn.execute(
+        update(tool_calls)
+        .where(
+            tool_calls.c.run_id == run_id,
+            tool_calls.c.call_id == call_id,
+            tool_calls.c.status == "pending_approval",
+            tool_calls.c.decision.is_(None),
+            tool_calls.c.escalated.is_(False),
+        )
+        .values(
+            escalated=True, approvers=sorted(approvers), approval_deadline=deadline, updated_at=now
+        )
+    )
+    return result.rowcount == 1

@@ -21,6 +21,7 @@ FRAME_TYPES: tuple[str, ...] = (
     "tool_result",
     "approval_request",
     "question",
+    "outcome_unknown",
     "status",
     "done",
     "error",

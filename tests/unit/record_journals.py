@@ -2,16 +2,18 @@
 
 The journals stand for runs in flight, recorded by the code of their day: a change to a
 turn's shape must leave them replaying, so add the new shape's journals beside them
-rather than re-recording the old ones. Record with:
+rather than re-recording the old ones. Record the scenarios that have no fixture yet
+(or those named) with:
 
-    .venv/bin/python -m tests.unit.record_journals
+    .venv/bin/python -m tests.unit.record_journals [NAME ...]
 
 It needs what the full suite needs: the Postgres at `AGENT_JOBS_TEST_POSTGRES_URL`
 (default `postgresql+psycopg://postgres@127.0.0.1:5432/test`; a database of its own is
 created and dropped) and `redis-server` on the path (a server of its own is started).
 Two real Celery workers run the apps of `tests/apps.py` on the durable runner: one as
 today's code, one with `AGENT_JOBS_DISABLED_PATCHES=agent:parallel-tools` (code that
-predates the parallel-tools patch), each on a queue of its own. Each scenario's
+predates the parallel-tools patch), each on a queue of its own (and one per other patch a
+scenario disables). Each scenario's
 approvals and answers are given as a person would, through the `Client`.
 
 Each fixture is the run row's fields that `turn_for` and `DurableHooks` read, the
@@ -50,6 +52,7 @@ PG_ADMIN_URL = os.environ.get(
     "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 PARALLEL_TOOLS = "agent:parallel-tools"
+APPROVALS_AT_ONCE = "agent:approvals-at-once"
 TIMEOUT = 30.0
 
 # The run row's fields a replay reads (`turn_for`, `DurableHooks`), and its outcome.
@@ -136,6 +139,23 @@ SCENARIOS = (
         answer_questions,
     ),
     Scenario(
+        "two_refunds",
+        "two_refunds",
+        "refund both",
+        "",
+        "two refunds and a read in one turn: both asked for at once, approved by alice, run "
+        "in call order",
+        approve_all,
+    ),
+    Scenario(
+        "two_refunds_one_by_one",
+        "two_refunds",
+        "refund both",
+        APPROVALS_AT_ONCE,
+        "the two_refunds scenario recorded by code that predates the approvals-at-once patch",
+        approve_all,
+    ),
+    Scenario(
         "boss",
         "boss",
         "sort out order 42",
@@ -190,13 +210,15 @@ def fixture_of(store: Store, scenario: Scenario, run: RunView) -> dict[str, Any]
     }
 
 
-def record(url: str, broker: str) -> dict[str, dict[str, Any]]:
+def record(
+    url: str, broker: str, scenarios: tuple[Scenario, ...] = SCENARIOS
+) -> dict[str, dict[str, Any]]:
     os.environ["AGENT_JOBS_DATABASE_URL"] = url  # the side table of tests/apps.py
     store = Store.from_url(url)
     workers: dict[str, tuple[Process, Client]] = {}
     recorded: dict[str, dict[str, Any]] = {}
     try:
-        for disabled in sorted({s.disabled_patches for s in SCENARIOS}):
+        for disabled in sorted({s.disabled_patches for s in scenarios}):
             queue = f"agent_jobs_fixtures_{uuid.uuid4().hex[:8]}"
             env = service_env(
                 broker, url, AGENT_JOBS_QUEUE=queue, AGENT_JOBS_DISABLED_PATCHES=disabled
@@ -206,7 +228,7 @@ def record(url: str, broker: str) -> dict[str, dict[str, Any]]:
             dispatcher = CeleryDispatcher(celery_client(broker, queue))
             client = Client(store, apps.app, settings, dispatcher)
             workers[disabled] = (proc, client)
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             _, client = workers[scenario.disabled_patches]
             run_id = client.enqueue_run(
                 scenario.agent,
@@ -236,10 +258,21 @@ def record(url: str, broker: str) -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
+    """Record the scenarios named on the command line; with none, those that have no
+    fixture yet (a fixture of the past is never recorded again by accident)."""
+    names = set(sys.argv[1:])
+    scenarios = tuple(
+        s
+        for s in SCENARIOS
+        if s.name in names or (not names and not (JOURNALS / f"{s.name}.json").exists())
+    )
+    if not scenarios:
+        print("every scenario has its fixture; name the ones to record again")
+        return
     server = RedisServer().start()
     try:
         with fresh_database() as url:
-            recorded = record(url, server.url(0))
+            recorded = record(url, server.url(0), scenarios)
     finally:
         server.close()
     JOURNALS.mkdir(exist_ok=True)

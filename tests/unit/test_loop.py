@@ -36,6 +36,7 @@ from agent_jobs.errors import (
 from agent_jobs.history import SUMMARY_PREFIX
 from agent_jobs.hooks import (
     AnswersWait,
+    ApprovalRequests,
     ApprovalWait,
     Delegation,
     LoopHooks,
@@ -164,6 +165,7 @@ class RecordingHooks(LoopHooks):
         self.reverse_parallel = reverse_parallel
         self.calls: list[StepCall] = []
         self.approvals: list[ApprovalWait] = []
+        self.requested: list[list[str]] = []  # the calls of each request_approvals
         self.questions: list[AnswersWait] = []
         self.delegated: list[Delegation] = []
         self.patches_asked: list[str] = []
@@ -221,9 +223,14 @@ class RecordingHooks(LoopHooks):
             return {"message_id": self._ids}
         raise AssertionError(f"the script has no answer for {call.name}")
 
+    def request_approvals(self, requests: ApprovalRequests) -> None:
+        self.requested.append([wait.call.id for wait in requests.waits])
+        self.trail.extend(names.approval(wait.call.id) for wait in requests.waits)
+
     def await_approval(self, wait: ApprovalWait) -> Decision:
         self.approvals.append(wait)
-        self.trail.append(names.approval(wait.call.id))
+        if not wait.requested:  # else its checkpoint was written with the request
+            self.trail.append(names.approval(wait.call.id))
         return self.decisions.get(wait.call.id, Decision(decision="approve", actor="alice"))
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
@@ -495,9 +502,57 @@ def test_the_order_parallel_reads_ran_in_does_not_change_what_is_persisted() -> 
     }
 
 
-def test_a_read_beside_an_action_records_both_calls_then_finishes_each_in_order() -> None:
+def test_a_read_beside_an_action_asks_for_the_decision_first_then_runs_each_in_order() -> None:
     hooks = RecordingHooks(turns(reply("", LOOKUP_42, REFUND), reply("Refunded.")))
     run(hooks)
+    assert hooks.trail[len(PREFIX) + 4 :][:9] == [
+        "patch:agent:parallel-tools",
+        "persist:toolcall:c1",
+        "persist:toolcall:c2",
+        "patch:agent:approvals-at-once",
+        "approval:c2",  # asked for before the read runs
+        "tool:c1",
+        "persist:toolexec:c1",
+        "tool:c2",
+        "persist:toolexec:c2",
+    ]
+    assert hooks.requested == [["c2"]]
+    assert [(w.call.id, w.requested) for w in hooks.approvals] == [("c2", True)]
+    assert hooks.blocks == []  # not every journaled kind is read: no fan-out
+
+
+def test_every_action_of_a_turn_is_asked_for_at_once_and_runs_in_call_order() -> None:
+    refund_7 = ("c3", "refund", {"order_id": "7", "amount": 3})
+    no = Decision(decision="reject", actor="alice", reason="not this one")
+    hooks = RecordingHooks(
+        turns(reply("", REFUND, LOOKUP_42, refund_7), reply("Done.")), decisions={"c2": no}
+    )
+    run(hooks)
+    assert hooks.requested == [["c2", "c3"]]  # both, before any call runs
+    assert [w.call.id for w in hooks.approvals] == ["c2", "c3"]  # awaited in call order
+    after = hooks.trail[hooks.trail.index("patch:agent:approvals-at-once") :]
+    assert after[:8] == [
+        "patch:agent:approvals-at-once",
+        "approval:c2",
+        "approval:c3",
+        "persist:toolexec:c2",  # rejected: the model is told, nothing runs
+        "tool:c1",
+        "persist:toolexec:c1",
+        "tool:c3",
+        "persist:toolexec:c3",
+    ]
+    assert hooks.intent("persist:toolexec:c2", PersistToolExec).status == "rejected"
+    assert "tool:c2" not in hooks.steps
+
+
+def test_a_run_that_waited_under_the_old_shape_asks_for_each_decision_in_turn() -> None:
+    hooks = RecordingHooks(
+        turns(reply("", LOOKUP_42, REFUND), reply("Refunded.")),
+        patches={"agent:approvals-at-once": False},
+    )
+    run(hooks)
+    assert hooks.requested == []
+    assert [(w.call.id, w.requested) for w in hooks.approvals] == [("c2", False)]
     assert hooks.trail[len(PREFIX) + 4 :][:8] == [
         "patch:agent:parallel-tools",
         "persist:toolcall:c1",

@@ -24,7 +24,13 @@ from agent_jobs.dispatch import MODEL_TURN
 from agent_jobs.errors import NonDeterminismError, StepFailedError, Suspend
 from agent_jobs.executor import StepEnv
 from agent_jobs.hooks import Patch
-from agent_jobs.loop import HISTORY_SELECT, PARALLEL_TOOLS, TurnResult, run_agent_loop
+from agent_jobs.loop import (
+    APPROVALS_AT_ONCE,
+    HISTORY_SELECT,
+    PARALLEL_TOOLS,
+    TurnResult,
+    run_agent_loop,
+)
 from agent_jobs.runners.replay import DurableHooks
 from agent_jobs.runners.turn import turn_for
 from agent_jobs.settings import Settings
@@ -133,7 +139,14 @@ def seq_of(data: dict[str, Any], step: str) -> int:
 
 
 def test_there_are_fixtures_and_each_is_a_completed_durable_run() -> None:
-    assert FIXTURES == ["boss", "planner", "support", "support_sequential"]
+    assert FIXTURES == [
+        "boss",
+        "planner",
+        "support",
+        "support_sequential",
+        "two_refunds",
+        "two_refunds_one_by_one",
+    ]
     for name in FIXTURES:
         data = fixture(name)
         assert data["run"]["runner"] == "durable" and data["run"]["status"] == "completed"
@@ -192,6 +205,23 @@ def test_a_runner_with_the_patch_disabled_replays_the_old_shape_too() -> None:
     assert hooks.answered == [(PARALLEL_TOOLS, False)]
 
 
+def test_a_turns_approvals_are_journaled_at_once_and_today_replays_one_by_one_too() -> None:
+    new, old = steps_of(fixture("two_refunds")), steps_of(fixture("two_refunds_one_by_one"))
+    at = new.index(f"patch:{APPROVALS_AT_ONCE}")
+    assert new[at : at + 4] == [
+        "patch:agent:approvals-at-once",
+        "approval:call_1",
+        "approval:call_3",
+        "tool:call_1",
+    ]
+    assert f"patch:{APPROVALS_AT_ONCE}" not in old
+    assert old.index("approval:call_3") > old.index("persist:toolexec:call_2")
+    for name, taken in (("two_refunds", True), ("two_refunds_one_by_one", False)):
+        hooks = hooks_for(fixture(name))  # today's code
+        assert replay(hooks).output == "two_refunds done"
+        assert (APPROVALS_AT_ONCE, taken) in hooks.answered
+
+
 def test_a_change_gated_by_a_patch_replays_runs_recorded_before_it() -> None:
     """The agent gained a summarising window since: the run finishes on the old shape."""
     window = SlidingWindowHistory(max_messages=1, summarize=summarize_with_model(_NO_MODEL))
@@ -210,7 +240,10 @@ def test_the_recording_hooks_spell_the_shape_a_durable_run_journals(name: str) -
     data = fixture(name)
     recorded = {row["step"]: row["result"] for row in data["journal"]}
     old_shape = PATCH_ROW not in recorded
-    hooks = RecordingHooks(recorded, patches={PARALLEL_TOOLS: not old_shape})
+    at_once = f"patch:{APPROVALS_AT_ONCE}" in recorded
+    hooks = RecordingHooks(
+        recorded, patches={PARALLEL_TOOLS: not old_shape, APPROVALS_AT_ONCE: at_once}
+    )
     turn, deps = turn_for(apps.app, run_view(data), Settings(daily_token_quota=None))
 
     result = run_agent_loop(turn, deps, hooks)

@@ -219,6 +219,16 @@
     node.dataset.run = item.run_id;
     node.dataset.call = item.call_id;
     node.append(...heading(item, "call " + item.call_id));
+    if (item.deadline || item.escalated) {
+      const due = el("div", "meta due");
+      if (item.escalated) due.append(el("strong", "escalated", "escalated"), " · ");
+      if (item.deadline) {
+        const at = el("time", "deadline", "decide by " + new Date(item.deadline).toLocaleString());
+        at.dateTime = item.deadline;
+        due.append(at, " (then the tool's on_timeout applies)");
+      }
+      node.append(due);
+    }
     // JSON escapes the newlines inside strings; the ones left are its own layout.
     node.append(el("pre", "args", JSON.stringify(item.args, null, 2), "\n"));
     const row = el("div", "decide");
