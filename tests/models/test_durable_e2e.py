@@ -299,6 +299,11 @@ def test_a_durable_run_with_a_read_fan_out_and_an_approval(
 
     run_id = e2e.client.enqueue_run(adapter, "Where are orders 42 and 7?", actor="user-7")
     e2e.until("awaiting approval", lambda: e2e.store.get_run(run_id).status == "awaiting_approval")
+    # The frames go out once the pass that parked the run has committed: a moment after.
+    e2e.until(
+        "the approval request streamed",
+        lambda: any(f["type"] == "approval_request" for f in e2e.frames(run_id)),
+    )
     request = next(f for f in e2e.frames(run_id) if f["type"] == "approval_request")
     assert (request["call_id"], request["tool"], request["args"]) == (c, "refund", REFUND_ARGS)
     assert e2e.client.decide(
