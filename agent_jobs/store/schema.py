@@ -68,6 +68,11 @@ runs = Table(
     Column("cancel_keep_inbox", Boolean, nullable=False, server_default=false()),
     # Past this moment the run is cancelled with cause `timeout` (agent default_timeout).
     Column("deadline", DateTime(timezone=True), nullable=True),
+    # A pause asked for (by this actor): the run stops at its next step boundary, `paused`.
+    Column("pause_requested_by", String(200), nullable=True),
+    # The agent's `concurrency_key` of this run (its actor, its thread, …): at most the
+    # agent's `max_concurrent` runs of one key run at once; the rest stay queued, in order.
+    Column("concurrency_key", String(300), nullable=True),
     # The W3C trace context (`traceparent`, `tracestate`) the run was started in: each of
     # its steps is a span parented on it (agent_jobs/tracing.py). Null when tracing is off.
     Column("trace_context", Json, nullable=True),
@@ -87,6 +92,16 @@ Index(
     sqlite_where=_UNFINISHED,
 )
 Index("ix_runs_parent", runs.c.parent_run_id)
+# The runs of one agent and key that hold (or wait for) a place, in the order they came.
+_HELD = and_(runs.c.concurrency_key.is_not(None), _UNFINISHED)
+Index(
+    "ix_runs_concurrency",
+    runs.c.agent,
+    runs.c.concurrency_key,
+    runs.c.created_at,
+    postgresql_where=_HELD,
+    sqlite_where=_HELD,
+)
 
 messages = Table(
     "messages",
@@ -201,6 +216,9 @@ journal = Table(
     # at once, with no broker round trip): its lease lives here, with `lease_until`,
     # instead of in Redis. Empty for a step a delivered task runs.
     Column("holder", String(200), nullable=True),
+    # A remote step held back until then (a deliberate retry later, a provider's rate
+    # limit): recovery and the sweep leave it alone until this moment.
+    Column("not_before", DateTime(timezone=True), nullable=True),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)
 
