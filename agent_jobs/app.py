@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from .admission import Concurrency, KeyFunction, concurrency
 from .errors import ConfigurationError, UnknownAgentError
 from .history import SlidingWindowHistory
 from .messages import ModelSettings, ToolSpec
@@ -58,6 +59,8 @@ class AgentSpec:
     options: AgentOptions = field(default_factory=AgentOptions)
     description: str = ""
     history: SlidingWindowHistory | None = None
+    # At most `limit` runs with one key at once (README, "Flow control"); None: no limit.
+    concurrency: Concurrency | None = None
 
     def model_settings(self) -> ModelSettings:
         return ModelSettings(
@@ -170,16 +173,23 @@ class AgentApp:
         options: AgentOptions | None = None,
         description: str = "",
         history: SlidingWindowHistory | None = None,
+        concurrency_key: str | KeyFunction | None = None,
+        max_concurrent: int | None = None,
     ) -> AgentSpec:
         """Define an agent. A name in `tools` may be a tool or another agent.
 
         `model` is an adapter, or a string such as `openai:gpt-4.1-mini` or
-        `anthropic:claude-sonnet-4-5` resolved with the provider settings.
+        `anthropic:claude-sonnet-4-5` resolved with the provider settings. With
+        `concurrency_key` ("actor", "thread", or a function of the run request that
+        returns a string, or None for a run nothing holds back) and `max_concurrent`, at
+        most that many runs of the agent with one key run at once; the others wait,
+        `queued`, in the order they came.
         """
         if name in self.agents:
             raise ConfigurationError(f"an agent named {name!r} is already defined")
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
+        limit = concurrency(name, concurrency_key, max_concurrent)
         if isinstance(model, str):
             from .models.registry import resolve_model
 
@@ -198,6 +208,7 @@ class AgentApp:
             options=options or AgentOptions(),
             description=description,
             history=history,
+            concurrency=limit,
         )
         self.agents[name] = spec
         return spec

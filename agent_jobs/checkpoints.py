@@ -8,6 +8,8 @@ A turn's checkpoints, in the order a turn meets them:
     persist:toolcall:<id> · [approval:<id>] · tool:<id> · [answers:<id>:<k> · tool:<id>:<k+1>]
     · [agent:<id>] · persist:toolexec:<id> · … · persist:title
     patch:<patch id> wherever a run took a gated shape
+    retry:<k>:<step> after the journal's last row, the k-th run of a failed step a person
+    asked for (`agent-jobs retry`): the failed row stays as it was
 
 A name is the journal's key: a run that changed how a name is spelled could not be
 replayed, so the spelling lives here alone. Names are parsed back only by their
@@ -100,6 +102,30 @@ def patch(patch_id: str) -> str:
     return f"patch:{patch_id}"
 
 
+RETRY = "retry:"
+
+
+def retry(step: str, k: int) -> str:
+    """The `k`-th run of `step` again, asked for by a person after it failed: a row of its
+    own (a journal row that is done or failed never changes), which a replay reads in
+    the failed row's place."""
+    return f"{RETRY}{k}:{step}"
+
+
+def retried(step: str) -> tuple[str, int] | None:
+    """(the step a retry row runs again, its k) for a retry row; None for any other."""
+    if not step.startswith(RETRY):
+        return None
+    k, _, original = step[len(RETRY) :].partition(":")
+    return (original, int(k)) if k.isdigit() and original else None
+
+
+def attempted(step: str) -> str:
+    """The step a row carries out: the one a retry row runs again, else the row's own."""
+    again = retried(step)
+    return again[0] if again is not None else step
+
+
 Kind = Literal[
     "quota",
     "user",
@@ -118,6 +144,7 @@ Kind = Literal[
     "answers",
     "delegation",
     "patch",
+    "retry",
 ]
 
 _EXACT: dict[str, Kind] = {
@@ -141,6 +168,7 @@ _PREFIXES: tuple[tuple[str, Kind], ...] = (
     (ANSWERS, "answers"),
     ("agent:", "delegation"),
     ("patch:", "patch"),
+    (RETRY, "retry"),
 )
 
 
@@ -164,8 +192,9 @@ def parse(name: str) -> Name | None:
 
 
 def usage_of(step: str) -> tuple[str, Literal["model", "summary"]] | None:
-    """For a step that calls a model: the step that records its tokens, and its kind."""
-    parsed = parse(step)
+    """For a step that calls a model (or runs one again): the step that records its
+    tokens, and its kind."""
+    parsed = parse(attempted(step))
     if parsed is None:
         return None
     if parsed.kind == "model" and parsed.key.isdigit():

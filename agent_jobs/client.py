@@ -11,7 +11,8 @@ import threading
 import time
 from typing import Any, Literal
 
-from . import session, tracing
+from . import controls, session, tracing
+from .admission import IfBusy
 from .app import AgentApp
 from .approvals.record import record_answers, record_decision
 from .checkpoints import Decision
@@ -19,16 +20,18 @@ from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
 from .errors import ConfigurationError, UnknownRunError
 from .loading import load_app
 from .reconciliation import Outcome, Reconciliation, record_reconciliation
-from .runs import RunRequest, admit_run
+from .runs import RunRequest, admit
 from .runs import post_message as post_to_inbox
 from .settings import Settings, get_settings
 from .store import RunView, Store
+from .store import journal as journal_rows
 
 log = logging.getLogger(__name__)
 
 QUEUED = "it is recorded and queued, and the sweep starts it once the broker is back"
 DECIDED = "what it waited for is recorded, and the sweep re-drives it once the broker is back"
 CANCEL_RECORDED = "the cancel is recorded; the run stops when a worker next drives it"
+CONTROL_RECORDED = "it is recorded, and takes effect when a worker next drives the run"
 
 
 class Client:
@@ -75,8 +78,13 @@ class Client:
         run_id: str | None = None,
         persona: str | None = None,
         metadata: dict[str, Any] | None = None,
+        if_busy: IfBusy | None = None,
     ) -> str:
         """Start a durable run; returns its id. The same `run_id` twice starts one run.
+
+        On a thread whose turn has not ended (`thread_id`), the run waits for it
+        (`if_busy="enqueue"`, the default), is refused with `ThreadBusyError` and nothing
+        recorded (`"reject"`), or cancels it as a user would and runs next (`"interrupt"`).
 
         The run row is written here, before the message is sent, so `get_run` works at
         once. A broker that cannot be reached is a logged warning, and the id is still
@@ -92,6 +100,7 @@ class Client:
             run_id=run_id,
             persona=persona,
             metadata=metadata,
+            if_busy=if_busy,
         )
         return self.admit(request)[0]
 
@@ -101,13 +110,13 @@ class Client:
         A run id that is taken finds the run already there: nothing is written or sent.
         """
         dispatcher = self._broker()
-        run_id, created = admit_run(
-            self.store, self.app, request, runner="durable", status="queued"
-        )
-        if created:
+        made = admit(self.store, self.app, request, runner="durable", status="queued")
+        for interrupted in made.interrupted:  # asked to stop: a parked one must hear it
+            self._wake(interrupted, CANCEL_RECORDED)
+        if made.created:
             # The row is written, so a re-drive is all a worker needs: no start_run.
-            self._send(dispatcher, run_id, QUEUED)
-        return run_id, created
+            self._send(dispatcher, made.run_id, QUEUED)
+        return made.run_id, made.created
 
     def _send(self, dispatcher: CeleryDispatcher, run_id: str, then: str) -> None:
         """Ask a worker to re-drive a run whose new state is already committed; a broker
@@ -243,6 +252,69 @@ class Client:
             self._wake(target, CANCEL_RECORDED)
         return affected
 
+    # --- operator controls (agent_jobs/controls) ---------------------------------------
+
+    def pause(self, run_id: str, *, actor: str) -> list[str]:
+        """Ask a run (and the runs it delegated to) to pause at its next step boundary:
+        then it is `paused`, and nothing of it runs or holds a worker until `resume`.
+        Returns the ids asked. Raises `UnknownRunError`, or `ControlRefusedError` for a
+        run that has ended, is being cancelled, or is paused already (nothing changes)."""
+        with self.store.begin() as conn:
+            asked = controls.pause(conn, run_id, actor)
+        for target in asked:  # a run waiting for a person pauses now, not once it goes on
+            self._wake(target, CONTROL_RECORDED)
+        return asked
+
+    def resume(self, run_id: str, *, actor: str) -> list[str]:
+        """Let a paused run (and its delegated runs) go on from where it stopped; returns
+        the ids resumed. Raises `ControlRefusedError` for a run that is not paused."""
+        with self.store.begin() as conn:
+            resumed = controls.resume(conn, run_id, actor)
+        for target in resumed:
+            self._resend(target)
+            self._wake(target, CONTROL_RECORDED)
+        return resumed
+
+    def _resend(self, run_id: str) -> None:
+        """Send the run's scheduled steps again: one a worker left alone while the run
+        was paused (a person had it run again meanwhile) waits for it."""
+        if self.dispatcher is None:
+            return
+        with self.store.connect() as conn:
+            waiting = [r for r in journal_rows.in_flight(conn, run_id) if r.state == "scheduled"]
+        steps = [(controls.task_of(row.intent), row.step) for row in waiting if not row.holder]
+        if steps:
+            try:
+                self.dispatcher.steps(run_id, steps)
+            except BROKER_ERRORS as exc:
+                log.warning("run %s: the broker could not be reached (%s)", run_id, exc)
+
+    def retry(self, run_id: str, *, actor: str) -> controls.Retried:
+        """Run the failed step of a run that failed on it (a dead letter, a step's error)
+        again, with a fresh attempt count; the run's error is cleared and it goes on.
+        Raises `ControlRefusedError` for any other run (nothing changes)."""
+        dispatcher = self._broker()
+        with self.store.begin() as conn:
+            retried = controls.retry(conn, run_id, actor, runner="durable")
+        try:  # the rows are `scheduled`: the sweep sends them if this send is lost
+            dispatcher.steps(run_id, retried.sends)
+        except BROKER_ERRORS as exc:
+            log.warning("run %s: the broker could not be reached (%s); %s", run_id, exc, DECIDED)
+        return retried
+
+    def fork(self, run_id: str, at: str, *, actor: str) -> controls.Forked:
+        """A new run on a new thread that reuses run `run_id`'s journal before step `at`
+        and goes on from there; `runs_again` lists the steps with side effects it will run
+        again. Raises `InvalidRequestError` for a step it cannot fork at (not in the
+        journal, inside a fan-out, …) and `ControlRefusedError` (nothing is written)."""
+        dispatcher = self._broker()
+        with self.store.begin() as conn:
+            forked = controls.fork(
+                conn, self.app, run_id, at, actor, runner="durable", status="queued"
+            )
+        self._send(dispatcher, forked.run_id, QUEUED)
+        return forked
+
     def select_model(
         self,
         run_or_thread: str,
@@ -355,6 +427,22 @@ def events(run_or_thread: str) -> list[session.Event]:
     return default_client().events(run_or_thread)
 
 
+def pause(run_id: str, *, actor: str) -> list[str]:
+    return default_client().pause(run_id, actor=actor)
+
+
+def resume(run_id: str, *, actor: str) -> list[str]:
+    return default_client().resume(run_id, actor=actor)
+
+
+def retry(run_id: str, *, actor: str) -> controls.Retried:
+    return default_client().retry(run_id, actor=actor)
+
+
+def fork(run_id: str, at: str, *, actor: str) -> controls.Forked:
+    return default_client().fork(run_id, at, actor=actor)
+
+
 def when_idle(run_or_thread: str, timeout: float | None = None) -> bool:
     return default_client().when_idle(run_or_thread, timeout)
 
@@ -377,10 +465,14 @@ __all__ = [
     "default_client",
     "enqueue_run",
     "events",
+    "fork",
     "get_run",
+    "pause",
     "post_message",
     "reconcile",
     "reject",
+    "resume",
+    "retry",
     "wait",
     "when_idle",
 ]

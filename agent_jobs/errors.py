@@ -58,8 +58,26 @@ class SchemaNotReadyError(StoreError):
     """The database has not been migrated to the version this code needs."""
 
 
+class ThreadBusyError(StoreError):
+    """A run that may not wait (`if_busy="reject"`) was asked for on a thread whose turn
+    has not ended; nothing was recorded."""
+
+    def __init__(self, thread_id: str, busy_run_id: str) -> None:
+        self.thread_id = thread_id
+        self.busy_run_id = busy_run_id
+        super().__init__(
+            f"thread {thread_id!r} is busy: run {busy_run_id!r} has not ended; send if_busy "
+            "'enqueue' to run after it, or 'interrupt' to cancel it and run this one next"
+        )
+
+
 class InvalidRequestError(AgentJobsError):
     """A request from outside (a run request, a message, a decision) is malformed."""
+
+
+class ControlRefusedError(StoreError):
+    """An operator control (pause, resume, retry, fork) does not apply to the run as it
+    stands (it has ended, is not paused, did not fail on a step, …); nothing changed."""
 
 
 # --- the turn ------------------------------------------------------------------------
@@ -239,10 +257,25 @@ class Cancelled(ControlFlowSignal):
 class RetryLater(ControlFlowSignal):
     """A remote step asks to be delivered again after `delay` seconds (no worker sleeps)."""
 
-    def __init__(self, delay: float, event: tuple[str, str | None, str, dict[str, Any]]) -> None:
+    def __init__(
+        self, delay: float, event: tuple[str, str | None, str, dict[str, Any]] | None
+    ) -> None:
         self.delay = delay
-        self.event = event
+        self.event = event  # the session event saying why, written with the hold
         super().__init__(f"retry in {delay:.2f}s")
+
+
+class Deferred(RetryLater):
+    """A model step found no capacity under its provider's rate limit (or the limit's key
+    paused by a 429): it goes back to the broker for `delay` seconds. It made no attempt
+    and is no retry: the step's attempts and the waterfall's count stay as they were."""
+
+    def __init__(self, delay: float, key: str, *, paused: bool) -> None:
+        super().__init__(delay, None)
+        self.key = key
+        self.paused = paused
+        why = "paused by the provider" if paused else "at its rate limit"
+        self.args = (f"waiting {delay:.2f}s: {key} is {why}",)
 
 
 class Suspend(ControlFlowSignal):

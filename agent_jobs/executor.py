@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
@@ -28,9 +28,10 @@ from .checkpoints import (
     QuotaVerdict,
     ThreadSnapshot,
     ToolOutcome,
+    attempted,
 )
 from .errors import ModelError, ToolError
-from .messages import Message, ModelResponse, ModelSettings
+from .messages import Message, ModelRequest, ModelResponse, ModelSettings
 from .models.base import Model
 from .steps import (
     Intent,
@@ -53,6 +54,9 @@ from .store import usage as usage_store
 from .streams.base import RunStream
 from .tools import QuestionsAsked, ToolContext
 
+if TYPE_CHECKING:
+    from .ratelimits.gate import ModelGate
+
 log = logging.getLogger(__name__)
 
 
@@ -69,6 +73,9 @@ class StepEnv:
     # Metrics and spans of what the caller's transaction records (agent_jobs.observe):
     # reported by `flush`, once it has committed.
     committed: list[Callable[[], None]] = field(default_factory=list)
+    # The provider rate limits a model step's call is under (agent_jobs/ratelimits): a
+    # 429 pauses its key, its usage corrects the tokens it took. None: no limits set.
+    limits: ModelGate | None = None
 
     def emit_after_commit(self, type: str, **fields: Any) -> None:
         self.frames.append((type, fields))
@@ -327,6 +334,8 @@ _LOCAL: dict[type[Intent], Callable[[Any, Connection, StepEnv, str], BaseModel]]
 
 
 def execute_remote(intent: Intent, env: StepEnv, step: str) -> BaseModel:
+    # A retry row runs its failed step again: under that step's name and idempotency key.
+    step = attempted(step)
     if isinstance(intent, ModelTurn):
         return _model_turn(intent, env)
     if isinstance(intent, InvokeTool):
@@ -352,21 +361,33 @@ def _resolved(spec: str) -> Model:
     return resolve_model(spec)
 
 
+def model_of(app: AgentApp, request: ModelRequest) -> Model:
+    """The adapter a model request goes to (its agent's, or the selected provider's)."""
+    return _model_for(app.get_agent(request.agent), request.settings)
+
+
 def _model_turn(intent: ModelTurn, env: StepEnv) -> BaseModel:
-    agent = env.app.get_agent(intent.request.agent)
-    model = _model_for(agent, intent.request.settings)
-    reply: object = model.run_turn(intent.request, env.stream)
-    if isinstance(reply, ModelResponse):
-        return reply
-    try:  # an adapter may hand back the reply's fields as a mapping
-        return ModelResponse.model_validate(reply)
-    except ValidationError as exc:
-        raise ModelError(
-            f"the model adapter {model.name!r} returned a malformed reply "
-            f"({type(reply).__name__}): {exc.error_count()} problem(s), first: "
-            f"{exc.errors()[0]['msg']}",
-            kind="invalid_response",
-        ) from None
+    request = intent.request
+    model = model_of(env.app, request)
+    try:
+        reply: object = model.run_turn(request, env.stream)
+    except ModelError as error:
+        if env.limits is not None:  # a 429's Retry-After pauses its key for every worker
+            env.limits.refused(model, request, error)
+        raise
+    if not isinstance(reply, ModelResponse):
+        try:  # an adapter may hand back the reply's fields as a mapping
+            reply = ModelResponse.model_validate(reply)
+        except ValidationError as exc:
+            raise ModelError(
+                f"the model adapter {model.name!r} returned a malformed reply "
+                f"({type(reply).__name__}): {exc.error_count()} problem(s), first: "
+                f"{exc.errors()[0]['msg']}",
+                kind="invalid_response",
+            ) from None
+    if env.limits is not None:  # the tokens the call took, corrected by what it used
+        env.limits.used(model, request, reply.usage)
+    return reply
 
 
 def _summarize(intent: Summarize, env: StepEnv) -> BaseModel:

@@ -23,6 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import metrics, tracing
+from .checkpoints import attempted
 
 if TYPE_CHECKING:
     from .executor import StepEnv
@@ -51,8 +52,8 @@ def report(observed: list[Callable[[], None]]) -> None:
 
 
 def kind_of(step: str) -> str:
-    """A remote step's kind, by its name."""
-    return "tool" if step.startswith("tool:") else "model"
+    """A remote step's kind, by its name (a retry row's: the step it runs again)."""
+    return "tool" if attempted(step).startswith("tool:") else "model"
 
 
 # --- steps -----------------------------------------------------------------------------------

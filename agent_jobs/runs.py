@@ -6,13 +6,15 @@ Below both runners: the client, the Celery task and the approvals parser use it 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import Connection
 
-from . import session, tracing
+from . import admission, session, tracing
+from .admission import IfBusy
 from .app import AgentApp
 from .errors import InvalidRequestError
 from .store import RunView, Store, threads
@@ -45,6 +47,8 @@ class RunRequest(BaseModel):
     run_id: str | None = Field(default=None, pattern=ID_PATTERN)
     persona: str | None = Field(default=None, max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # On a thread whose turn has not ended: run after it, refuse, or cancel it and run next.
+    if_busy: IfBusy = "enqueue"
 
     @field_validator("metadata", mode="before")
     @classmethod
@@ -70,18 +74,47 @@ class RunRequest(BaseModel):
             raise InvalidRequestError(f"invalid run request: {faults}") from None
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A request admitted: its run, whether this wrote it, the runs it interrupted."""
+
+    run_id: str
+    created: bool
+    interrupted: tuple[str, ...] = ()  # asked to stop (`if_busy="interrupt"`): wake them
+
+
+def admit(
+    store: Store,
+    app: AgentApp,
+    request: RunRequest,
+    *,
+    runner: str,
+    status: run_rows.RunStatus,
+    run_id: str | None = None,
+) -> Admitted:
+    """Check a request against the app and write its run row (named `run_id`, else the
+    request's, else a new id), after cancelling its thread's turn if it says
+    `if_busy="interrupt"`.
+
+    Nothing is written for a request naming an agent or persona the app lacks, nor for one
+    refused on a busy thread (`ThreadBusyError`).
+    """
+    check_request(app, request)
+    run_id = run_id or request.run_id or new_id()
+    interrupted: list[str] = []
+    with store.begin() as conn:
+        if request.if_busy == "interrupt":
+            interrupted = admission.interrupt(conn, request, run_id)
+        created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
+    return Admitted(run_id, created, tuple(interrupted))
+
+
 def admit_run(
     store: Store, app: AgentApp, request: RunRequest, *, runner: str, status: run_rows.RunStatus
 ) -> tuple[str, bool]:
-    """Check a request against the app and write its run row: (run id, created).
-
-    Nothing is written for a request naming an agent or persona the app lacks.
-    """
-    check_request(app, request)
-    run_id = request.run_id or new_id()
-    with store.begin() as conn:
-        created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
-    return run_id, created
+    """`admit`: (run id, whether it was written)."""
+    admitted = admit(store, app, request, runner=runner, status=status)
+    return admitted.run_id, admitted.created
 
 
 def post_message(
@@ -129,12 +162,20 @@ def create_run(
 ) -> bool:
     """Write the thread (if new) and the run row; False when the run already exists.
 
-    With the app at hand, an agent's `default_timeout` becomes the run's deadline. With
-    tracing on, the run keeps `trace_context` (a run it follows from), else the current
-    one, else a root of its own (agent_jobs/tracing.py).
+    With the app at hand, an agent's `default_timeout` becomes the run's deadline, and
+    its concurrency key the run's. A top-level run on a thread whose turn has not ended,
+    or with a key, is written `queued` whatever `status` says: it begins once admitted
+    (agent_jobs/admission.py). With tracing on, the run keeps `trace_context` (a run it
+    follows from), else the current one, else a root of its own (agent_jobs/tracing.py).
     """
     thread_id = request.thread_id or run_id
-    threads.ensure_thread(conn, thread_id)
+    fresh = threads.ensure_thread(conn, thread_id)
+    spot = admission.Place()  # delegated runs are held back by nothing
+    if parent_run_id is None:
+        found = admission.place(conn, app, request, run_id=run_id, thread_id=thread_id, fresh=fresh)
+        if found is None:  # the run exists already
+            return False
+        spot = found
     created = run_rows.insert_run(
         conn,
         run_id=run_id,
@@ -143,7 +184,7 @@ def create_run(
         actor=request.actor,
         persona=request.persona,
         input=request.input,
-        status=status,
+        status="queued" if spot.held else status,
         runner=runner,
         day=today(),
         metadata=request.metadata,
@@ -151,6 +192,8 @@ def create_run(
         root_run_id=root_run_id,
         depth=depth,
         trace_context=tracing.context_for_run(run_id, request.agent, trace_context),
+        concurrency_key=spot.key,
+        waiting_on=spot.waiting_on,
     )
     timeout = app.get_agent(request.agent).options.default_timeout if app is not None else None
     if created and timeout:

@@ -3,7 +3,9 @@ are folded from a thread's events, never kept on the side.
 
 Event types: `turn/start`, `step/start`, `agent/request`, `tool/call`, `tool/result`,
 `agent/status`, `agent/inbox/spliced`, `agent/model/selected`, `turn/stopping`,
-`turn/end` (reason `completed`, `interrupted`, `aborted`, `error` or `blocked`).
+`turn/end` (reason `completed`, `interrupted`, `aborted`, `error` or `blocked`), and the
+operator's controls with who asked (`run/pause`, `run/paused`, `run/resume`, `run/retry`,
+`run/fork`, `run/forked`: agent_jobs/controls).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ SPLICED = "agent/inbox/spliced"
 STATUS = "agent/status"
 SELECTED = "agent/model/selected"
 INBOX = (SPLICED, SELECTED)  # what a step boundary reads: steering, the model selection
+
+# The operator's controls (agent_jobs/controls), each with who asked (`by`).
+PAUSE = "run/pause"  # a pause asked for
+PAUSED = "run/paused"  # honoured at a step boundary, with what the run was doing then
+RESUME = "run/resume"
+RETRY = "run/retry"  # the failed steps run again
+FORK = "run/fork"  # in the fork's thread: the run and step it was made from
+FORKED = "run/forked"  # in the source's thread: the fork made of it
+CONTROLS = (PAUSE, PAUSED, RESUME, RETRY, FORK, FORKED)
 
 
 class Event(BaseModel):

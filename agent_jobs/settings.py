@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from .ratelimits.rules import RateLimit
+from .ratelimits.rules import parse as parse_rate_limits
 
 CONFIG_FILE = Path("config") / "agent_jobs.toml"
 
@@ -95,6 +100,14 @@ class Settings(SettingsBase):
     process_timeout: float = Field(default=3.0, gt=0)
     sweep_interval: float = 30.0  # how often beat runs the sweep
     sweep_stale_after: float = 60.0  # a run with no progress for this long is re-driven
+    # Retention (agent_jobs/retention.py): with `prune_after_days` set, beat prunes every
+    # `prune_interval` seconds the runs that ended that many days ago (their journals,
+    # events, streams, delivered notifications), `prune_batch` runs a transaction, resting
+    # `prune_rest` times as long as each batch took before the next.
+    prune_after_days: float | None = Field(default=None, ge=0)
+    prune_interval: float = Field(default=3600.0, gt=0)
+    prune_batch: int = Field(default=100, ge=1)
+    prune_rest: float = Field(default=1.0, ge=0)
     # Patches this deployment must not take yet (comma-separated ids): an operator can
     # hold back a new loop shape, and new runs then record the old one.
     disabled_patches: str = ""
@@ -103,6 +116,10 @@ class Settings(SettingsBase):
     model_max_retries: int = 3
     model_retry_base_delay: float = 1.0  # seconds; doubled per retry, with jitter
     model_retry_max_delay: float = 60.0
+    # Provider rate limits shared by every worker (agent_jobs/ratelimits): model keys
+    # (`provider:model` globs, the first that matches wins) to requests and tokens per
+    # minute, as JSON. Empty: off, and no Redis command is spent on them.
+    rate_limits: Annotated[dict[str, RateLimit], NoDecode] = Field(default_factory=dict)
 
     # The live stream.
     stream_maxlen: int = 10_000
@@ -137,6 +154,11 @@ class Settings(SettingsBase):
     api_keepalive: float = Field(default=15.0, gt=0)  # seconds of quiet before a comment
     api_inbox_poll: float = Field(default=1.0, gt=0)  # seconds between inbox checks
     api_max_streams: int = Field(default=200, ge=1)  # event streams open at once
+
+    @field_validator("rate_limits", mode="before")
+    @classmethod
+    def _rate_limits(cls, value: object) -> object:
+        return parse_rate_limits(value)
 
     @property
     def effective_redis_url(self) -> str | None:

@@ -6,6 +6,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from agent_jobs.dispatch import SWEEP, routing_config
+from agent_jobs.retention import PRUNE
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.transport import transport_for
 
@@ -66,6 +67,11 @@ def create_app(settings: Settings | None = None) -> Celery:
             "agent-jobs-sweep": {"task": SWEEP, "schedule": settings.sweep_interval},
         },
     )
+    if settings.prune_after_days is not None:  # retention is off unless asked for
+        app.conf.beat_schedule["agent-jobs-prune"] = {
+            "task": PRUNE,
+            "schedule": settings.prune_interval,
+        }
     app.steps["worker"].add(ReapDeadProcesses)
     app.autodiscover_tasks(["tasks"], related_name="steps", force=True)
     return app

@@ -14,11 +14,14 @@ import time
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Retry
 
+from agent_jobs import retention
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
-from agent_jobs.errors import AgentJobsError, RetryLater
+from agent_jobs.errors import AgentJobsError, Deferred, RetryLater
 from agent_jobs.runners.step_tasks import StepOutcome, summary, where
 from agent_jobs.runs import RunRequest
+from agent_jobs.streams.redis_streams import RedisStreams
 
 from .base import AgentJobsTask
 from .events import ChainEvents
@@ -80,11 +83,24 @@ def model_turn(self: Task[Any, str], run_id: str, step: str) -> str:
     runner = runtime(self.app).runner
     try:
         outcome = runner.execute_step(run_id, step, task=MODEL_TURN, retries=self.request.retries)
+    except Deferred as later:
+        raise _deferred(self, later) from None
     except RetryLater as later:
         # The request-error waterfall asked for a retry: Celery's countdown waits, no
         # worker sleeps.
         raise self.retry(countdown=later.delay, max_retries=None) from None
     return _reported(outcome)
+
+
+def _deferred(task: Task[Any, str], later: Deferred) -> Retry:
+    """A model step waits for capacity under its provider's rate limit: the task is sent
+    again for then, and shows as retried. Not as a retry of Celery's: its count, which the
+    request-error waterfall and the step's attempts go by, stays as it was."""
+    again = task.signature_from_request(
+        task.request, countdown=later.delay, retries=task.request.retries
+    )
+    again.apply_async()
+    return Retry(str(later), sig=again)
 
 
 @shared_task(base=AgentJobsTask, name=INVOKE_TOOL, bind=True, **FAILS)
@@ -106,5 +122,34 @@ def sweep(self: Task[Any, str]) -> str:
         took = time.monotonic() - started
         runner.eager_events.task_ran(
             SWEEP, str(self.request.id), result, received=received, runtime=took
+        )
+    return result
+
+
+# Beat runs the prune every AGENT_JOBS_PRUNE_INTERVAL seconds; like the sweep, it shows in
+# Flower only when it pruned something.
+@shared_task(base=AgentJobsTask, name=retention.PRUNE, bind=True, send_events=False)
+def prune(self: Task[Any, str]) -> str:
+    """Prune the runs that ended AGENT_JOBS_PRUNE_AFTER_DAYS days ago (Celery beat runs
+    this). It starts no batch after half a step's time limit: the next prune goes on."""
+    received, started = time.time(), time.monotonic()
+    current = runtime(self.app)
+    settings, runner = current.settings, current.runner
+    if settings.prune_after_days is None:
+        return "off: AGENT_JOBS_PRUNE_AFTER_DAYS is not set"
+    streams = runner.streams
+    report = retention.prune(
+        runner.store,
+        older_than=settings.prune_after_days,
+        batch=settings.prune_batch,
+        rest=settings.prune_rest,
+        redis_client=streams.client if isinstance(streams, RedisStreams) else None,
+        budget=settings.step_time_limit / 2,
+    )
+    result = report.summary()
+    if (report.runs or report.outbox) and isinstance(runner.eager_events, ChainEvents):
+        took = time.monotonic() - started
+        runner.eager_events.task_ran(
+            retention.PRUNE, str(self.request.id), result, received=received, runtime=took
         )
     return result

@@ -6,9 +6,11 @@ import click
 
 from .approvals import approvals, approve, reject
 from .common import report_warnings
+from .controls import fork, pause, resume, retry
 from .db import db
 from .enqueue import enqueue
 from .inspect import journal, runs, status
+from .prune import prune
 from .reconcile import reconcile
 from .run import run
 from .serve import serve
@@ -38,6 +40,10 @@ for command in (
     events,
     say,
     cancel,
+    pause,
+    resume,
+    retry,
+    fork,
     approve,
     reject,
     answer,
@@ -45,6 +51,7 @@ for command in (
     approvals,
     db,
     serve,
+    prune,
 ):
     main.add_command(command)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..admission import IfBusy
 from .common import durable_client, fail, handle_errors, print_json
 
 DEFAULT_AGENT = "support"
@@ -32,6 +33,13 @@ def _metadata(text: str | None) -> dict[str, Any]:
 @click.option("--persona", help="Run under this persona.")
 @click.option("--run-id", help="Idempotency key: the same id twice starts one run.")
 @click.option("--metadata", help="A JSON object kept with the run, e.g. '{\"ticket\": 7}'.")
+@click.option(
+    "--if-busy",
+    type=click.Choice(["enqueue", "reject", "interrupt"]),
+    default="enqueue",
+    show_default=True,
+    help="On a thread whose turn has not ended: run after it, refuse, or cancel it.",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"run_id", "status"}.')
 @handle_errors
 def enqueue(
@@ -42,6 +50,7 @@ def enqueue(
     persona: str | None,
     run_id: str | None,
     metadata: str | None,
+    if_busy: IfBusy,
     as_json: bool,
 ) -> None:
     """Start a durable run of AGENT on TEXT and print its id (needs AGENT_JOBS_BROKER_URL).
@@ -57,6 +66,7 @@ def enqueue(
         run_id=run_id,
         persona=persona,
         metadata=_metadata(metadata),
+        if_busy=if_busy,
     )
     if as_json:
         print_json({"run_id": run_id, "status": client.get_run(run_id).status})

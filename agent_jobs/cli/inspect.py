@@ -8,7 +8,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..documents import run_document
-from .common import handle_errors, out, print_json, store
+from ..errors import InvalidRequestError
+from ..store import RunView
+from ..store import runs as run_rows
+from ..store.retention import PRUNED
+from .common import app, handle_errors, out, print_json, settings, store
+from .shapes import count_shapes, describe
 from .text import json_text, visible
 
 __all__ = ["journal", "run_document", "runs", "status"]
@@ -54,12 +59,44 @@ def status(run_id: str, as_json: bool) -> None:
 @click.command()
 @click.option("--status", "status_filter", help="Only runs with this status.")
 @click.option("--thread", "thread_id", help="Only runs of this thread.")
+@click.option("--unfinished", is_flag=True, help="Only runs that have not ended.")
+@click.option(
+    "--by-shape",
+    is_flag=True,
+    help="Count every unfinished run by loop shape (the patches it took, those it refused).",
+)
 @click.option("--limit", default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handle_errors
-def runs(status_filter: str | None, thread_id: str | None, limit: int, as_json: bool) -> None:
-    """List recent runs, newest first."""
-    found = store().list_runs(limit=limit, status=status_filter, thread_id=thread_id)
+def runs(
+    status_filter: str | None,
+    thread_id: str | None,
+    unfinished: bool,
+    by_shape: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List recent runs, newest first; or count the unfinished ones by loop shape."""
+    if status_filter is not None and (unfinished or by_shape):
+        raise InvalidRequestError("--status goes with neither --unfinished nor --by-shape")
+    if by_shape:
+        db = store()
+        with db.connect() as conn:
+            found_runs = run_rows.unfinished_journals(conn, thread_id=thread_id)
+            counted = count_shapes(
+                app(), settings(), ((RunView.from_row(r), rows) for r, rows in found_runs)
+            )
+        if as_json:
+            print_json(counted.as_dict())
+        else:
+            for line in describe(counted):
+                click.echo(visible(line))
+        return
+    with store().connect() as conn:
+        listed = run_rows.list_runs(
+            conn, limit=limit, status=status_filter, thread_id=thread_id, unfinished=unfinished
+        )
+    found = [RunView.from_row(row) for row in listed]
     if as_json:
         print_json([r.model_dump(mode="json") for r in found])
         return
@@ -100,6 +137,16 @@ def journal(run_id: str, as_json: bool) -> None:
     rows = db.journal(run_id)
     if as_json:
         print_json(rows)
+        return
+    mark = next((r["result"] for r in rows if r["state"] == PRUNED), None)
+    if isinstance(mark, dict):  # its journal is gone: say so, not a table of its mark
+        out.print(
+            visible(
+                f"the journal of run {run_id} was pruned at {mark.get('pruned_at')} "
+                f"(agent-jobs prune): {mark.get('journal_rows')} checkpoints and "
+                f"{mark.get('events')} session-log events removed"
+            )
+        )
         return
     table = Table("seq", "step", "state", "attempts", "error", box=None)
     for row in rows:

@@ -17,6 +17,7 @@ import click
 
 from .. import metrics, tracing
 from ..client import Client
+from ..controls import Forked, Retried
 from ..dispatch import CeleryDispatcher, celery_client
 from ..errors import ConfigurationError
 from ..http import API_EXTRA
@@ -74,6 +75,7 @@ class InlineDoor:
                 run_id=request.run_id,
                 persona=request.persona,
                 metadata=request.metadata,
+                if_busy=request.if_busy,
             )
         return run_id, True
 
@@ -106,6 +108,18 @@ class InlineDoor:
 
     def cancel(self, run_id: str, *, keep_inbox: bool) -> list[str]:
         return self.inline.cancel(run_id, "user", keep_inbox=keep_inbox)
+
+    def pause(self, run_id: str, *, actor: str) -> list[str]:
+        return self.inline.pause(run_id, actor=actor)
+
+    def resume(self, run_id: str, *, actor: str) -> list[str]:
+        return self.inline.resume(run_id, actor=actor)
+
+    def retry(self, run_id: str, *, actor: str) -> Retried:
+        return self.inline.retry(run_id, actor=actor)
+
+    def fork(self, run_id: str, at: str, *, actor: str) -> Forked:
+        return self.inline.fork(run_id, at, actor=actor)
 
     def close(self) -> None:
         self.store.engine.dispose()

@@ -15,6 +15,7 @@ import redis
 
 from ..app import AgentApp
 from ..client import Client
+from ..controls import Forked, Retried
 from ..reconciliation import Reconciliation
 from ..runs import RunRequest
 from ..settings import Settings
@@ -68,6 +69,22 @@ class Door(Protocol):
 
     def cancel(self, run_id: str, *, keep_inbox: bool) -> list[str]:
         """Ask the run and its children to stop; the ids asked (none if it has ended)."""
+        ...
+
+    def pause(self, run_id: str, *, actor: str) -> list[str]:
+        """Ask the run and its children to pause at their next step boundary; the ids."""
+        ...
+
+    def resume(self, run_id: str, *, actor: str) -> list[str]:
+        """Let the paused run and its children go on; the ids resumed."""
+        ...
+
+    def retry(self, run_id: str, *, actor: str) -> Retried:
+        """Run the failed step of a run that failed on it again; the run goes on."""
+        ...
+
+    def fork(self, run_id: str, at: str, *, actor: str) -> Forked:
+        """A new run on a new thread from the run's journal before step `at`."""
         ...
 
     def close(self) -> None: ...
@@ -129,6 +146,18 @@ class DurableDoor:
 
     def cancel(self, run_id: str, *, keep_inbox: bool) -> list[str]:
         return self.client.cancel(run_id, "user", keep_inbox=keep_inbox)
+
+    def pause(self, run_id: str, *, actor: str) -> list[str]:
+        return self.client.pause(run_id, actor=actor)
+
+    def resume(self, run_id: str, *, actor: str) -> list[str]:
+        return self.client.resume(run_id, actor=actor)
+
+    def retry(self, run_id: str, *, actor: str) -> Retried:
+        return self.client.retry(run_id, actor=actor)
+
+    def fork(self, run_id: str, at: str, *, actor: str) -> Forked:
+        return self.client.fork(run_id, at, actor=actor)
 
     def close(self) -> None:
         self._redis.close()

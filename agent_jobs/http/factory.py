@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 
 from ..settings import Settings
-from . import decisions, errors, page, reconcile, runs, scraping, service
+from . import controls, decisions, errors, page, reconcile, runs, scraping, service
 from .auth import TokenTable
 from .door import Door
 from .middleware import BodyLimit, SecurityHeaders
@@ -52,6 +52,7 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
         runs.router,
         decisions.router,
         reconcile.router,
+        controls.router,
         page.router,
         scraping.router,
         *routers,

@@ -14,9 +14,9 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import metrics, tracing
 from ..documents import run_document
-from ..errors import ConfigurationError, InvalidRequestError
+from ..errors import ConfigurationError, InvalidRequestError, ThreadBusyError
 from ..runs import RunRequest
-from ..store import RunView
+from ..store import RunView, places
 from ..streams.base import Frame, frame_json
 from ..streams.follow import live_frames
 from . import sse
@@ -47,12 +47,18 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     response_model=Started,
     responses={
         200: {"model": Started, "description": "A run with this run_id exists: that run"},
-        409: {"model": ErrorBody, "description": "The run_id is taken by a run of another"},
+        409: {
+            "model": ErrorBody,
+            "description": "The run_id is taken by a run of another; or the thread's turn "
+            "has not ended and if_busy is 'reject'",
+        },
     },
 )
 def start_run(body: RunRequest, request: Request, caller: CallerDep) -> JSONResponse:
     """Start a run: the `start_run` keyword arguments. The same `run_id` again answers
-    200 with the run it started; `actor` defaults to the token's actor."""
+    200 with the run it started; `actor` defaults to the token's actor. On a thread whose
+    turn has not ended, `if_busy` says what happens: `enqueue` (run after it), `reject`
+    (409, nothing recorded) or `interrupt` (cancel it, as its actor may, and run next)."""
     door = server(request).door
     named = "actor" in body.model_fields_set
     if named and body.actor != caller.actor and not caller.is_service:
@@ -69,12 +75,28 @@ def start_run(body: RunRequest, request: Request, caller: CallerDep) -> JSONResp
         raise InvalidRequestError(f"invalid run request: {exc}") from None
     if body.run_id is not None and (found := door.store.find_run(body.run_id)) is not None:
         return _existing(door, caller, found)
-    with tracing.extracted(request.headers):  # the caller's trace goes on with the run
-        run_id, created = door.admit(body)
+    if body.if_busy == "interrupt":
+        _may_interrupt(door, caller, body.thread_id)
+    try:
+        with tracing.extracted(request.headers):  # the caller's trace goes on with the run
+            run_id, created = door.admit(body)
+    except ThreadBusyError as exc:
+        raise ConflictError(str(exc)) from None
     run = door.store.get_run(run_id)
     if not created:  # another request with this run_id came first
         return _existing(door, caller, run)
     return JSONResponse({"run_id": run_id, "status": run.status}, status_code=201)
+
+
+def _may_interrupt(door: Door, caller: Caller, thread_id: str | None) -> None:
+    """An interrupt cancels the runs of the thread: the caller must be one who may cancel
+    each (its actor, or a service)."""
+    if thread_id is None:
+        return
+    with door.store.connect() as conn:
+        busy = places.thread_runs(conn, thread_id, lock=False)
+    for row in busy:
+        owned_run(door, caller, row.id, "interrupt it")
 
 
 def _existing(door: Door, caller: Caller, run: RunView) -> JSONResponse:

@@ -28,7 +28,7 @@ import redis
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from .. import diagnostics, observe
+from .. import admission, controls, diagnostics, observe
 from ..app import AgentApp
 from ..dispatch import Dispatcher, ResendingDispatcher, tools_of
 from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
@@ -36,7 +36,8 @@ from ..executor import StepEnv, execute_remote
 from ..leases import Holder, Leases
 from ..logs import log_context
 from ..loop import run_agent_loop
-from ..runs import RunRequest, check_request, create_run
+from ..ratelimits.gate import ModelGate
+from ..runs import RunRequest, admit
 from ..settings import Settings
 from ..steps import ModelTurn, dump, parse_intent
 from ..store import RunView, Store
@@ -58,6 +59,7 @@ from .step_tasks import (
     claim,
     dead_letter,
     heartbeat,
+    hold_back,
     model_failed,
     on_own_queue,
     quiet_events,
@@ -102,6 +104,7 @@ class DurableRunner:
         self.streams = streams
         self.settings = settings
         self.leases = leases
+        self.limits = ModelGate.of(app, settings, leases.client)  # provider rate limits
         # Test seams: after the journal is loaded, the run's lock held; and before a
         # step task takes the step's lease.
         self.before_replay: Callable[[str], None] | None = None
@@ -119,12 +122,14 @@ class DurableRunner:
     # --- starting ----------------------------------------------------------------------
 
     def create(self, request: RunRequest, run_id: str) -> bool:
-        """Validate the request and write the run row (queued); False if it exists."""
-        check_request(self.app, request)
-        with self.store.begin() as conn:
-            return create_run(
-                conn, request, run_id=run_id, runner="durable", status="queued", app=self.app
-            )
+        """Validate the request and write the run row (queued); False if it exists. The
+        runs an `if_busy="interrupt"` asked to stop are woken to stop."""
+        made = admit(
+            self.store, self.app, request, runner="durable", status="queued", run_id=run_id
+        )
+        for interrupted in made.interrupted:
+            self.dispatcher.coordinate(interrupted)
+        return made.created
 
     # --- the coordinator ---------------------------------------------------------------
 
@@ -199,10 +204,14 @@ class DurableRunner:
                     ending = Ending.cancelled(cause, run.cancel_keep_inbox)
                     outcome = f"cancelled: {cause}"
                     finished = finish_turn(conn, env, self.app, run, ending)
+                elif (held := controls.hold(conn, env, run, read.loaded)) is not None:
+                    outcome = held  # paused: nothing more runs until it is resumed
+                elif run.status == "queued" and not (entry := admission.enter(conn, self.app, run)):
+                    outcome = entry.outcome  # it stays queued: its thread or its key goes first
                 else:
-                    if run.status == "queued":
+                    if run.status == "queued":  # admitted: it begins, and wakes who may too
                         start_turn(env, run, conn)
-                        wake_at_deadline = run.deadline
+                        wake_at_deadline, finished = run.deadline, Finished(woken=entry.woken)
                     if self.before_replay is not None:
                         self.before_replay(run_id)
                     disabled = self.settings.disabled_patch_ids
@@ -241,7 +250,7 @@ class DurableRunner:
                 self.dispatcher.coordinate(child)
         if ending is not None:
             announce_end(stream, ending)
-        for woken in (finished.next_run, finished.parent):
+        for woken in (finished.next_run, finished.parent, *finished.woken):
             if woken is not None:
                 self.dispatcher.coordinate(woken)
         wake = [] if wake_at_deadline is None else [wake_at_deadline]
@@ -397,6 +406,8 @@ class DurableRunner:
                 ):
                     self._adopt_orphans(run_id)
                 return refused, None
+            if self.limits is not None:  # no capacity for a model call: Deferred, no attempt
+                self.limits.admit(row.intent, run_id, step)
             if kept is not None:
                 attempt = 1
             else:  # a claimed attempt that died was counted in its row, not in Redis
@@ -425,12 +436,8 @@ class DurableRunner:
             keep = keep and not on_own_queue(row)
             outcome, following = self._drive(run_id, completion, keep=keep)
             return completion.reported(outcome), following
-        except RetryLater as later:
-            with self.store.begin() as conn:
-                # Keep the sweep off the step until its retry is due.
-                until = utcnow() + timedelta(seconds=later.delay + settings.step_lease)
-                journal_rows.hold(conn, run_id, step, until=until)
-                event_rows.append(conn, [later.event])
+        except RetryLater as later:  # held back (journal.not_before) until it is due
+            hold_back(self.store, later, settings.step_lease, run_id, step, kept)
             raise
         finally:
             try:
@@ -452,7 +459,7 @@ class DurableRunner:
         if attempt > 1:
             # A reader drops what an earlier, failed attempt of this step streamed.
             stream.emit("status", status="retrying", step=step, attempt=attempt)
-        env = StepEnv(app=self.app, stream=stream)
+        env = StepEnv(app=self.app, stream=stream, limits=self.limits)
         intent = parse_intent(row.intent)
         started = utcnow()
         running = Running(run_id, step, sent_as(intent), holder, claimed)

@@ -10,10 +10,11 @@ process, no broker: the embedded default.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -22,6 +23,7 @@ from sqlalchemy import Connection
 
 from .. import checkpoints as names
 from .. import diagnostics, observe, session
+from ..admission import IfBusy
 from ..app import AgentApp
 from ..approvals.record import record_answers, record_decision
 from ..checkpoints import Decision, DelegationOutcome
@@ -38,7 +40,8 @@ from ..hooks import (
 from ..loop import run_agent_loop
 from ..notify.sender import start_sender
 from ..notify.webhook import check as check_webhook
-from ..runs import RunRequest, admit_run, post_message
+from ..ratelimits.gate import ModelGate
+from ..runs import RunRequest, admit, post_message
 from ..settings import Settings, get_settings
 from ..steps import ModelTurn, dump
 from ..store import RunView, Store
@@ -46,6 +49,8 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import Frame, MemoryStreams, RunStream
+from .inline_controls import InlineControls, Replay
+from .inline_queue import QueuedTurns
 from .inline_waits import HumanWaits
 from .turn import (
     Ending,
@@ -69,7 +74,9 @@ class InlineHooks(HumanWaits, LoopHooks):
         self.runner = runner
         self.run = run
         self.stream = stream
-        self._seq = 0
+        # A retried or forked run's journal holds steps already: read back, not run.
+        self.replay = Replay.load(runner.store, run.run_id)
+        self._seq = self.replay.last_seq
         self._seq_lock = threading.Lock()
 
     def _next_seq(self) -> int:
@@ -85,10 +92,12 @@ class InlineHooks(HumanWaits, LoopHooks):
         if step is not None:
             stream = RunStream(stream.backend, stream.stream_id, stream.run_id)
             stream.extra = {"step": step, "attempt": attempt}
-        return StepEnv(app=self.runner.app, stream=stream)
+        return StepEnv(app=self.runner.app, stream=stream, limits=self.runner.limits)
 
     def step(self, call: StepCall) -> Any:
-        self.runner._check_cancel(self.run.run_id)  # every step boundary is a stop point
+        if (recorded := self.replay.result(call.name)) is not None:
+            return recorded
+        self.runner._boundary(self.run.run_id)  # every step boundary: a stop, a pause
         seq = self._next_seq()
         intent = call.intent
         store = self.runner.store
@@ -147,6 +156,9 @@ class InlineHooks(HumanWaits, LoopHooks):
             if attempt > 1:
                 env.stream.extra["attempt"] = attempt
                 env.stream.emit("status", status="retrying", step=step, attempt=attempt)
+            if runner.limits is not None:  # capacity under the provider's rate limits
+                wait = functools.partial(runner._sleep, self.run.run_id)
+                runner.limits.wait(intent.request, f"{self.run.run_id}:{step}", wait)
             try:
                 result = dump(execute_remote(intent, env, step))
             except ModelError as error:
@@ -182,7 +194,9 @@ class InlineHooks(HumanWaits, LoopHooks):
         """A nested turn on a transient sub-thread, as a child run of its own: it parks on
         a person exactly as a top-level run does, its frames in the ancestor's stream."""
         runner = self.runner
-        runner._check_cancel(self.run.run_id)
+        if (recorded := self.replay.result(names.delegation(delegation.call.id))) is not None:
+            return DelegationOutcome.model_validate(recorded)
+        runner._boundary(self.run.run_id)
         seq = self._next_seq()
         with runner.store.begin() as conn:
             child_id = create_child(
@@ -211,7 +225,7 @@ class InlineHooks(HumanWaits, LoopHooks):
             return [future.result() for future in futures]
 
 
-class InlineRunner:
+class InlineRunner(QueuedTurns, InlineControls):
     """Drives turns in this process. `start` returns at once; `wait` blocks for the end."""
 
     def __init__(
@@ -228,10 +242,14 @@ class InlineRunner:
         self.settings = settings or get_settings()
         self.streams = streams or MemoryStreams()
         self.poll_interval = poll_interval
+        # Provider rate limits: in Redis with a Redis URL set, else in this process.
+        self.limits = ModelGate.inline(app, self.settings)
         self._lock = threading.Lock()
         self._futures: dict[tuple[str, str], Future[Any]] = {}
         self._finished: dict[str, threading.Event] = {}
         self._cancelled: dict[str, threading.Event] = {}
+        self._init_queue()
+        self._init_controls()
         diagnostics.set_enabled(self.settings.diagnostics)
         check_webhook(self.settings)  # a webhook without a secret: refused before a run
 
@@ -247,8 +265,12 @@ class InlineRunner:
         run_id: str | None = None,
         persona: str | None = None,
         metadata: dict[str, Any] | None = None,
+        if_busy: IfBusy | None = None,
     ) -> str:
-        """Create the run and drive it in the background; returns its id at once."""
+        """Create the run and drive it in the background; returns its id at once. On a
+        thread whose turn has not ended it waits for that turn (`if_busy="enqueue"`), is
+        refused (`"reject"`: `ThreadBusyError`), or cancels it and runs next
+        (`"interrupt"`)."""
         request = RunRequest.of(
             agent,
             input,
@@ -257,15 +279,15 @@ class InlineRunner:
             run_id=run_id,
             persona=persona,
             metadata=metadata,
+            if_busy=if_busy,
         )
         # This process delivers its runs' notifications (with Redis or a webhook set).
         start_sender(self.store, self.settings)
-        run_id, created = admit_run(
-            self.store, self.app, request, runner="inline", status="running"
-        )
-        if created:
-            self._drive(run_id)
-        return run_id
+        made = admit(self.store, self.app, request, runner="inline", status="running")
+        self._stopping(made.interrupted)
+        if made.created:
+            self._drive(made.run_id)
+        return made.run_id
 
     def run(
         self, agent: str, input: str, *, timeout: float | None = None, **kwargs: Any
@@ -341,23 +363,30 @@ class InlineRunner:
         """Ask the run (and its children) to stop at the next boundary."""
         with self.store.begin() as conn:
             affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
-        with self._lock:
-            for target in affected:
-                self._cancelled.setdefault(target, threading.Event()).set()
+        self._stopping(affected)
         return affected
 
-    def _check_cancel(self, run_id: str) -> None:
-        """Raise `Cancelled` if a cancel was asked for here, elsewhere, or the deadline passed."""
+    def _stopping(self, run_ids: Sequence[str]) -> None:
+        """Runs were asked to stop: wake their waits (a retry's, a queued run's)."""
+        with self._lock:
+            for target in run_ids:
+                self._cancelled.setdefault(target, threading.Event()).set()
+        self._nudge()
+
+    def _check_cancel(self, run_id: str) -> RunView | None:
+        """Raise `Cancelled` if a cancel was asked for here, elsewhere, or the deadline
+        passed; else the run as it stands."""
         with self.store.connect() as conn:
             row = run_rows.get_run(conn, run_id)
         if row is None:
-            return
+            return None
         run = RunView.from_row(row)
         if run.cancel_cause is None and overdue(run):
             self.cancel(run_id, "timeout")
             raise Cancelled("timeout")
         if run.cancel_cause is not None:
             raise Cancelled(run.cancel_cause)
+        return run
 
     def _sleep(self, run_id: str, seconds: float) -> None:
         """Wait before a retry, waking early to stop if the run is cancelled."""
@@ -391,13 +420,15 @@ class InlineRunner:
         try:
             run = self.store.get_run(run_id)
             stream = RunStream(self.streams, run.root_run_id, run_id)
-            try:
-                next_run = self._turn(run, stream)
+            try:  # a queued run waits for its thread's turn, or a place of its key
+                began = self._admitted(run, stream) if run.status == "queued" else run
+                next_run = self._turn(began, stream) if began is not None else None
             finally:
                 if run.root_run_id == run_id:
                     stream.end()
         finally:
             done.set()
+            self._nudge()  # this one ended: a run waiting here may begin
         if next_run is not None:
             self._drive(next_run)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
 
+from .. import checkpoints as names
 from ..approvals import deadlines
 from ..checkpoints import Decision
 from ..hooks import AnswersWait, ApprovalRequests, ApprovalWait
@@ -28,6 +29,7 @@ from . import waits
 
 if TYPE_CHECKING:
     from .inline import InlineRunner
+    from .inline_controls import Replay
 
 T = TypeVar("T")
 
@@ -38,17 +40,22 @@ class HumanWaits:
     runner: InlineRunner
     run: RunView
     stream: RunStream
+    replay: Replay  # what a retried or forked run's journal holds already
     _next_seq: Callable[[], int]
 
     def request_approvals(self, requests: ApprovalRequests) -> None:
         """Put every decision the turn needs on record and stream its request, at once."""
         for wait in requests.waits:
+            if self.replay.result(names.approval(wait.call.id)) is not None:
+                continue  # decided already, in the journal
             with self.runner.store.begin() as conn:
                 described = self._requested(conn, wait)
                 self._journal_wait(conn, described)
             self._announce(described.frames)
 
     def await_approval(self, wait: ApprovalWait) -> Decision:
+        if (journaled := self.replay.result(names.approval(wait.call.id))) is not None:
+            return waits.recorded_decision(journaled)
         run_id, store = wait.run_id, self.runner.store
 
         def recorded() -> Decision | None:
@@ -77,6 +84,8 @@ class HumanWaits:
         return decision
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
+        if (journaled := self.replay.result(names.answers(wait.request_id))) is not None:
+            return waits.recorded_answers(journaled)
         run_id, store = wait.run_id, self.runner.store
 
         def recorded() -> dict[str, Any] | None:

@@ -176,6 +176,7 @@ class DurableHooks(LoopHooks):
         """The journal row at the next position, checked against the step asked for."""
         if self.in_block:
             return self._recorded_in_block(name)
+        self._past_retries()
         self.pos += 1
         row = self.by_seq.get(self.pos)
         if row is not None:
@@ -185,6 +186,18 @@ class DurableHooks(LoopHooks):
         if name in self.by_name:
             raise NonDeterminismError(self.pos, None, name)
         return None
+
+    def _past_retries(self) -> None:
+        """Step over retry rows: the loop reads one in its failed step's place (`_attempt`)."""
+        while (row := self.by_seq.get(self.pos + 1)) and row.step.startswith(names.RETRY):
+            self.pos += 1
+
+    def _attempt(self, name: str, row: Any) -> Any:
+        """A failed step's last retry row (`agent-jobs retry`) if it has one, else `row`."""
+        k = 1
+        while row.state == "failed" and (again := self.by_name.get(names.retry(name, k))):
+            row, k = again, k + 1
+        return row
 
     def _recorded_in_block(self, name: str) -> Any | None:
         """A fan-out member's row, found by its name.
@@ -236,6 +249,7 @@ class DurableHooks(LoopHooks):
                 return result
             row = self._schedule(call.name, intent)
         while True:
+            row = self._attempt(call.name, row)
             if row.state == "done":
                 if self.run.status == reconcile.STATUS:  # it may have waited on this call
                     self._settled(call)
@@ -422,6 +436,7 @@ class DurableHooks(LoopHooks):
         marker = self.by_name.get(name)
         if marker is not None and marker.seq <= self.pos:
             return True  # the run took the new shape earlier; asking again costs nothing
+        self._past_retries()
         row = self.by_seq.get(self.pos + 1)
         if row is not None:
             if row.step == name:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 from .. import observe
 from ..app import AgentApp
 from ..dispatch import own_queue, tool_of
-from ..errors import ModelError, RetryLater
+from ..errors import Deferred, ModelError, RetryLater
 from ..executor import StepEnv
 from ..leases import Holder, Leases
 from ..settings import Settings
@@ -161,6 +161,8 @@ def refusal(row: Any, step: str, task: str) -> str | None:
         return f"unknown step {step}"
     if row.run_status in run_rows.TERMINAL:
         return f"run already {row.run_status}"
+    if row.run_status == "paused":  # no step runs while it is; a resume sends it again
+        return "run paused"
     if row.state in ("done", "failed"):
         return f"{step} already {row.state}"
     if row.state not in IN_FLIGHT:
@@ -423,6 +425,22 @@ def _claimed(row: Any) -> bool:
         return False
     holder = Holder.parse(row.holder)
     return holder is None or not holder.gone()
+
+
+def hold_back(
+    store: Store, later: RetryLater, lease: float, run_id: str, step: str, kept: Kept | None
+) -> None:
+    """The step goes back to the broker for `later.delay` seconds: recovery and the sweep
+    leave it alone until then (`journal.not_before`), with the event saying why. A step
+    deferred for capacity made no attempt: the claim of a step a pass `kept`, which
+    counted one, is given back first."""
+    with store.begin() as conn:
+        if kept is not None and isinstance(later, Deferred):
+            journal_rows.unclaim(conn, run_id, step, str(kept.holder))
+        not_before = utcnow() + timedelta(seconds=later.delay)
+        journal_rows.hold(conn, run_id, step, not_before=not_before, lease=lease)
+        if later.event is not None:
+            event_rows.append(conn, [later.event])
 
 
 def model_failed(

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
+from .. import admission, controls, diagnostics, observe, session, tracing
 from .. import checkpoints as names
-from .. import diagnostics, observe, session, tracing
 from ..app import AgentApp
 from ..checkpoints import DelegationOutcome
 from ..errors import ModelError, StepRejectedError
@@ -95,10 +95,12 @@ def stop_cause(conn: Connection, run: RunView) -> str | None:
 
 @dataclass(frozen=True)
 class Finished:
-    """What a run's end sets moving: the next turn's run, the parent waiting on it."""
+    """What a run's end sets moving: the next turn's run, the parent waiting on it, the
+    queued runs its thread or key let begin now (agent_jobs/admission.py)."""
 
     next_run: str | None = None
     parent: str | None = None
+    woken: tuple[str, ...] = ()
 
 
 def finish_turn(
@@ -108,7 +110,8 @@ def finish_turn(
     run: RunView,
     ending: Ending,
 ) -> Finished:
-    """Record the run's end and the turn's; start the next turn if one is queued; hand a
+    """Record the run's end and the turn's; name the queued runs that may begin now; start
+    the next turn if one is queued (runs waiting for the thread go first); hand a
     delegated run's answer to its parent's waiting step."""
     run_rows.finish_run(
         conn,
@@ -122,16 +125,21 @@ def finish_turn(
     observe.run_finished(env, run, ending.status)
     if ending.status == "cancelled":
         account_discarded_usage(conn, run, env)
-    if ending.status == "cancelled" and not ending.keep_inbox:
+    opened = controls.opened_turn(conn, run)  # one cancelled before it began opened none
+    # The thread's inbox belongs to the turn that runs: a run cancelled while it still
+    # waited for its place leaves it to that turn.
+    if ending.status == "cancelled" and not ending.keep_inbox and opened:
         env.flush_events(conn)  # keep the log in order: this pass's earlier events first
         session.clear(conn, run.thread_id, run.run_id)
-    if run.status != "queued":  # a run cancelled before it began never opened a turn
+    if opened:
         data: dict[str, Any] = {"reason": ending.reason}
         if ending.cause:
             data["cause"] = ending.cause
         env.event(run.thread_id, run.run_id, "turn/end", **data)
         env.event(run.thread_id, run.run_id, "agent/status", status="idle")
     env.flush_events(conn)
+    # After the events: they took the thread's row, which a run waiting for it reads under.
+    released = admission.release(conn, app, run)
     if run.parent_run_id is not None:
         call_id = run.metadata.get("parent_call_id")
         if call_id is None:
@@ -145,9 +153,10 @@ def finish_turn(
             result=outcome.model_dump(mode="json"),
         )
         return Finished(parent=run.parent_run_id)
-    if ending.status != "completed":
-        return Finished()
-    return Finished(next_run=start_next_turn(conn, app, run, runner=run.runner))
+    if ending.status != "completed" or released.thread_waits:
+        return Finished(woken=released.woken)
+    next_run = start_next_turn(conn, app, run, runner=run.runner)
+    return Finished(next_run=next_run, woken=released.woken)
 
 
 def child_run_id(parent_run_id: str, call_id: str) -> str:

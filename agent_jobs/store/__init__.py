@@ -30,8 +30,12 @@ class RunView(BaseModel):
     thread_id: str
     input: str
     waiting_on: str | None = None
+    # Its agent's `concurrency_key` of this run, computed when it was admitted.
+    concurrency_key: str | None = None
     cancel_cause: str | None = None
     cancel_keep_inbox: bool = False
+    # Who asked the run to pause (`agent-jobs pause`): it stops at its next step boundary.
+    pause_requested_by: str | None = None
     deadline: datetime | None = None
     runner: str
     parent_run_id: str | None = None

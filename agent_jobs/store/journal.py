@@ -191,17 +191,21 @@ _WITH_RUN = (
 )
 
 
-def hold(conn: Connection, run_id: str, step: str, *, until: datetime) -> None:
-    """Keep a step that waits for a deliberate retry out of the sweep's hands until then."""
+def hold(conn: Connection, run_id: str, step: str, *, not_before: datetime, lease: float) -> None:
+    """Hold a step in flight back until `not_before` (a retry later, a model step waiting
+    for capacity): recovery and the sweep leave it alone until then, and a lease longer
+    (for the delivery sent for then to take it). A pass's claim is let go of."""
+    until = not_before + timedelta(seconds=lease)
     conn.execute(
         update(journal)
-        .where(
-            journal.c.run_id == run_id,
-            journal.c.step == step,
-            journal.c.state.in_(("scheduled", "started")),
-        )
-        .values(lease_until=until, holder=None)  # whoever it is sent to may take it
+        .where(journal.c.run_id == run_id, journal.c.step == step, journal.c.state.in_(IN_FLIGHT))
+        .values(not_before=not_before, lease_until=until, holder=None)
     )
+
+
+def _due(now: datetime) -> Any:
+    """A step not held back (`hold`), or whose moment has come."""
+    return or_(journal.c.not_before.is_(None), journal.c.not_before <= now)
 
 
 def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
@@ -252,7 +256,8 @@ _MODEL_INTENTS = select(journal.c.step, journal.c.intent).where(
 
 
 def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence[Row[Any]]:
-    """Remote steps of a run nobody is working on: scheduled long ago, or lease expired."""
+    """Remote steps of a run nobody is working on: scheduled long ago, or lease expired;
+    not held back (`hold`)."""
     now = utcnow()
     return conn.execute(
         select(journal).where(
@@ -260,15 +265,19 @@ def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence
             journal.c.state.in_(("scheduled", "started")),
             journal.c.created_at < older_than,
             or_(journal.c.lease_until.is_(None), journal.c.lease_until < now),
+            _due(now),
         )
     ).all()
 
 
 def in_flight(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
-    """The run's remote steps scheduled or started and not yet done or failed."""
+    """The run's remote steps scheduled or started, not yet done or failed; not those
+    held back until later (`hold`): a delivery is on its way for then."""
     return conn.execute(
         select(journal).where(
-            journal.c.run_id == run_id, journal.c.state.in_(("scheduled", "started"))
+            journal.c.run_id == run_id,
+            journal.c.state.in_(("scheduled", "started")),
+            _due(utcnow()),
         )
     ).all()
 

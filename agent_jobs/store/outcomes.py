@@ -87,8 +87,9 @@ def waiting_step(conn: Connection, run_id: str, call_id: str) -> Any | None:
     ).all()
     first = names.tool(call_id)
     for row in rows:
-        if row.step == first or row.step.startswith(first + ":"):
-            parsed = names.parse(row.step)
+        step = names.attempted(row.step)  # a retry row waits in its failed step's place
+        if step == first or step.startswith(first + ":"):
+            parsed = names.parse(step)
             if parsed is not None and parsed.kind == "tool":
                 return row
     return None

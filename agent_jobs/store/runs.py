@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, sele
 
 from ..checkpoints import HUMAN_WAITS
 from ..notify import outbox as notices
-from . import driver
+from . import driver, places
 from .db import insert_unless_exists, utcnow
 from .schema import journal, runs, tool_calls, usage
 
@@ -20,6 +20,7 @@ RunStatus = Literal[
     "awaiting_approval",
     "awaiting_answers",
     "awaiting_reconcile",
+    "paused",
     "completed",
     "failed",
     "cancelled",
@@ -30,6 +31,7 @@ RUN_STATUSES: tuple[str, ...] = (
     "awaiting_approval",
     "awaiting_answers",
     "awaiting_reconcile",
+    "paused",
     "completed",
     "failed",
     "cancelled",
@@ -54,6 +56,8 @@ def insert_run(
     root_run_id: str | None = None,
     depth: int = 0,
     trace_context: dict[str, str] | None = None,
+    concurrency_key: str | None = None,
+    waiting_on: str | None = None,
 ) -> bool:
     """Insert the run row; False when a run with this id already exists."""
     now = utcnow()
@@ -71,6 +75,8 @@ def insert_run(
         "parent_run_id": parent_run_id,
         "root_run_id": root_run_id or run_id,
         "depth": depth,
+        "concurrency_key": concurrency_key,
+        "waiting_on": waiting_on,
         "created_at": now,
         "updated_at": now,
     }
@@ -233,6 +239,55 @@ def record_cancel(conn: Connection, run_id: str, cause: str, *, keep_inbox: bool
     ).scalar()
 
 
+def record_pause(conn: Connection, run_id: str, actor: str) -> str | None:
+    """Ask an unfinished run to pause at its next step boundary, unless a pause is asked
+    for already. Returns the run's thread id when this call recorded it, else None."""
+    return conn.execute(
+        update(runs)
+        .where(
+            runs.c.id == run_id,
+            runs.c.status.not_in(TERMINAL),
+            runs.c.pause_requested_by.is_(None),
+        )
+        .values(pause_requested_by=actor, updated_at=utcnow())
+        .returning(runs.c.thread_id)
+    ).scalar()
+
+
+def clear_pause(conn: Connection, run_id: str, status: RunStatus, waiting_on: str | None) -> bool:
+    """Withdraw an unfinished run's pause, and give it back `status` and `waiting_on` (what
+    it had before it paused, or has now if it did not pause yet)."""
+    cleared = conn.execute(
+        update(runs)
+        .where(
+            runs.c.id == run_id,
+            runs.c.status.not_in(TERMINAL),
+            runs.c.pause_requested_by.is_not(None),
+        )
+        .values(pause_requested_by=None, status=status, waiting_on=waiting_on, updated_at=utcnow())
+    )
+    return cleared.rowcount == 1
+
+
+def reopen(conn: Connection, run_id: str) -> bool:
+    """A failed run goes on (a person had its failed step run again): `running`, its
+    error, output and end cleared."""
+    reopened = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, runs.c.status == "failed")
+        .values(
+            status="running",
+            output=None,
+            error=None,
+            error_type=None,
+            waiting_on=None,
+            finished_at=None,
+            updated_at=utcnow(),
+        )
+    )
+    return reopened.rowcount == 1
+
+
 _SET_TRACE_CONTEXT = (
     update(runs)
     .where(runs.c.id == bindparam("b_run_id"), runs.c.trace_context.is_(None))
@@ -255,14 +310,48 @@ def touch(conn: Connection, run_id: str) -> None:
 
 
 def list_runs(
-    conn: Connection, *, limit: int = 50, status: str | None = None, thread_id: str | None = None
+    conn: Connection,
+    *,
+    limit: int = 50,
+    status: str | None = None,
+    thread_id: str | None = None,
+    unfinished: bool = False,
 ) -> Sequence[Row[Any]]:
     query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id).limit(limit)
     if status is not None:
         query = query.where(runs.c.status == status)
     if thread_id is not None:
         query = query.where(runs.c.thread_id == thread_id)
+    if unfinished:
+        query = query.where(runs.c.status.not_in(TERMINAL))
     return conn.execute(query).all()
+
+
+_REPLAYED = (journal.c.step, journal.c.seq, journal.c.state, journal.c.result, journal.c.error)
+
+
+def unfinished_journals(
+    conn: Connection, *, thread_id: str | None = None, chunk: int = 500
+) -> Iterator[tuple[Row[Any], list[Any]]]:
+    """Every unfinished run, oldest first, with its journal as a replay reads it (step,
+    seq, state, result, error; in order): the drain query's input. The journals are
+    read `chunk` runs at a time."""
+    query = select(runs).where(runs.c.status.not_in(TERMINAL)).order_by(runs.c.created_at)
+    if thread_id is not None:
+        query = query.where(runs.c.thread_id == thread_id)
+    found = conn.execute(query).all()
+    for start in range(0, len(found), chunk):
+        batch = found[start : start + chunk]
+        by_run: dict[str, list[Any]] = {row.id: [] for row in batch}
+        rows = conn.execute(
+            select(journal.c.run_id, *_REPLAYED)
+            .where(journal.c.run_id.in_(list(by_run)))
+            .order_by(journal.c.run_id, journal.c.seq)
+        ).all()
+        for row in rows:
+            by_run[row.run_id].append(row)
+        for run in batch:
+            yield run, by_run[run.id]
 
 
 def active_run(conn: Connection, thread_id: str) -> Row[Any] | None:
@@ -293,7 +382,7 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
     """The runs the sweep re-drives. A run is picked when it is
 
     - queued or running, and not updated since `cutoff` (its worker died, or its
-      wake-up was lost);
+      wake-up was lost), unless queued behind another of its key or thread;
     - parked (awaiting approval or answers), not updated since `cutoff`, with an
       `approval:*` or `answers:*` journal row done after the run's last update (the
       decision or the answers arrived, the wake-up did not);
@@ -320,7 +409,8 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
     stale = and_(
         runs.c.updated_at < cutoff,
         or_(
-            runs.c.status.in_(("queued", "running")),
+            runs.c.status == "running",
+            and_(runs.c.status == "queued", ~places.queued_behind()),
             and_(runs.c.status.in_(("awaiting_approval", "awaiting_answers")), decided_waiting),
             and_(runs.c.status == "awaiting_reconcile", ~reconcile_waiting),
             and_(runs.c.cancel_cause.is_not(None), runs.c.status.not_in(TERMINAL)),

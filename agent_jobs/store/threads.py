@@ -12,10 +12,12 @@ from .db import insert_unless_exists, utcnow
 from .schema import messages, threads
 
 
-def ensure_thread(conn: Connection, thread_id: str) -> None:
-    """Create the thread unless it exists (one statement on both dialects)."""
+def ensure_thread(conn: Connection, thread_id: str) -> bool:
+    """Create the thread unless it exists (one statement on both dialects); True when it
+    was created."""
     now = utcnow()
-    insert_unless_exists(conn, threads, {"id": thread_id, "created_at": now, "updated_at": now})
+    values = {"id": thread_id, "created_at": now, "updated_at": now}
+    return insert_unless_exists(conn, threads, values)
 
 
 def thread_exists(conn: Connection, thread_id: str) -> bool:

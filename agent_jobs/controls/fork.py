@@ -1,0 +1,350 @@
+"""Forking a run (README, "Operator controls"): a new run on a new thread whose journal is
+the source's rows before a step, which then goes on from there.
+
+The rows are copied as they are, their intents made the fork's (its run and thread ids).
+What else a replay of them needs, and what the fork's thread must hold:
+
+- the thread's messages: the history the source's thread had before the source run, then
+  the messages the copied steps wrote (the request, steering, the model's replies, tool
+  results), rebuilt from those steps' intents and results; the title, when the source's
+  thread had it before the source run (else the fork gives its thread one at its end);
+- the tool calls the copied steps recorded, as they stood at the fork point: a call whose
+  outcome comes after it is pending again (its verdict, and its decision only if that was
+  copied too), with no handler marked as begun;
+- not the usage ledger: the fork paid for none of the model calls it reuses, and its
+  totals count only its own. A fork at a `usage:` step would charge a reused call again.
+
+A fork at a model step calls the model again; at a tool step, runs the tool again: the
+answer lists the steps with side effects that will run again (the source's `action`
+calls after the fork point, which ran there). Refused (`InvalidRequestError`): a step not
+in the journal, a step inside a fan-out (the order of a fan-out's rows says how far each
+member got, not the fan-out's shape), a retry row, a `usage:` step; (`ControlRefusedError`)
+a step before the fork point that has not finished, a journal that was pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .. import checkpoints as names
+from .. import session
+from ..app import AgentApp
+from ..checkpoints import CallVerdict, Prepared
+from ..errors import ControlRefusedError, InvalidRequestError, UnknownRunError
+from ..messages import Message
+from ..runs import RunRequest, check_request, create_run, new_id
+from ..steps import PersistAssistant, PersistToolExec, PersistUserMessage, parse_intent
+from ..store import RunView, forks, threads, toolcalls
+from ..store import events as event_rows
+from ..store import journal as journal_rows
+from ..store import runs as run_rows
+from ..store.retention import PRUNED
+from .pause import checked_actor
+
+# Steps that run once more in a fork, run by a fan-out's members (see `_in_fanout`).
+_MEMBER_KINDS = ("tool", "answers")
+
+
+@dataclass(frozen=True)
+class Again:
+    """A step with side effects that ran in the source and will run again in the fork."""
+
+    step: str
+    tool: str
+    call_id: str
+
+
+@dataclass(frozen=True)
+class Forked:
+    """A fork made: the new run and thread, where it came from, what will run again."""
+
+    run_id: str
+    thread_id: str
+    source: str
+    at: str
+    runs_again: list[Again] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "forked_from": self.source,
+            "at": self.at,
+            "runs_again": [
+                {"step": a.step, "tool": a.tool, "call_id": a.call_id} for a in self.runs_again
+            ],
+        }
+
+
+def fork(
+    conn: Connection,
+    app: AgentApp,
+    source_id: str,
+    at: str,
+    actor: str,
+    *,
+    runner: str,
+    status: run_rows.RunStatus,
+) -> Forked:
+    """Write the fork of run `source_id` at step `at`, asked for by `actor`: a new run of
+    `runner`, written `status` (the caller then drives it). Nothing is written when it is
+    refused."""
+    actor = checked_actor(actor)
+    if not isinstance(at, str) or not at.strip():
+        raise InvalidRequestError("a fork needs the step to fork at (--at STEP)")
+    found = run_rows.get_run(conn, source_id)
+    if found is None:
+        raise UnknownRunError(source_id)
+    source = RunView.from_row(found)
+    if runner == "durable" and source.runner != "durable":
+        raise ControlRefusedError(
+            f"run {source_id} ran on the inline runner, whose journal the durable runner "
+            "cannot replay (it records no loop shapes): fork it without a broker"
+        )
+    rows = list(journal_rows.load(conn, source_id))
+    if any(row.state == PRUNED for row in rows):
+        raise ControlRefusedError(f"run {source_id}'s journal was pruned: it cannot be forked")
+    point = fork_point(source_id, rows, at)
+    prefix = [row for row in rows if row.seq < point.seq]
+    _check_prefix(source_id, prefix)
+    again = runs_again(conn, source_id, [row for row in rows if row.seq >= point.seq])
+
+    run_id, thread_id = new_id(), new_id()
+    request = RunRequest(
+        agent=source.agent,
+        input=source.input,
+        actor=source.actor,
+        thread_id=thread_id,
+        persona=source.persona,
+        metadata={
+            **{k: v for k, v in source.metadata.items() if k != "parent_call_id"},
+            "forked_from": {"run_id": source_id, "step": at, "by": actor},
+        },
+    )
+    check_request(app, request)
+    create_run(
+        conn, request, run_id=run_id, runner=runner, status=status, app=app, depth=source.depth
+    )
+    ids = {"run_id": {source_id: run_id}, "thread_id": {source.thread_id: thread_id}}
+    forks.copy_journal(conn, [_copied(row, run_id, ids) for row in prefix])
+    _copy_thread(conn, source, thread_id, run_id, prefix)
+    forks.copy_calls(conn, _calls(conn, source_id, run_id, thread_id, prefix))
+    answer = Forked(run_id, thread_id, source_id, at, again)
+    data = answer.as_json()
+    event_rows.append(
+        conn,
+        [
+            (thread_id, run_id, session.FORK, {"by": actor, **data}),
+            (
+                source.thread_id,
+                source_id,
+                session.FORKED,
+                {"by": actor, "fork": run_id, "at": at},
+            ),
+        ],
+    )
+    return answer
+
+
+# --- the fork point --------------------------------------------------------------------
+
+
+def fork_point(source_id: str, rows: Sequence[Any], at: str) -> Any:
+    """The row of `rows` (the source's journal) a fork may start at, named `at`; else
+    `InvalidRequestError`, saying where it may."""
+    by_name = {row.step: row for row in rows}
+    point = by_name.get(at)
+    if point is None:
+        raise InvalidRequestError(
+            f"run {source_id} has no step {at!r} in its journal: `agent-jobs journal "
+            f"{source_id}` lists its steps"
+        )
+    again = names.retried(at)
+    if again is not None:
+        raise InvalidRequestError(
+            f"{at} runs {again[0]} again: fork at {again[0]} to run it again in the fork"
+        )
+    parsed = names.parse(at)
+    if parsed is not None and parsed.kind in ("usage", "summary_usage"):
+        raise InvalidRequestError(
+            f"{at} records the tokens of a model call the fork would reuse (charging it "
+            "twice): fork at the model step before it to call the model again, or at the "
+            "step after it"
+        )
+    if _in_fanout(rows, point):
+        raise InvalidRequestError(
+            f"{at} is inside a fan-out (reads of one model turn that run together): fork "
+            "at the fan-out's first step, or after it"
+        )
+    return point
+
+
+def _in_fanout(rows: Sequence[Any], point: Any) -> bool:
+    """Whether `point` is a fan-out member's step after the fan-out's first row: a row of a
+    tool call (its run, its questions' answers) right after another call's, with nothing
+    of the turn's between (a sequential call's rows are followed by its outcome first)."""
+    if _member_call(point) is None:
+        return False
+    by_seq = {row.seq: row for row in rows}
+    seq = point.seq - 1
+    while (row := by_seq.get(seq)) is not None and (call := _member_call(row)) is not None:
+        if call != _member_call(point):
+            return True
+        seq -= 1
+    return False
+
+
+def _member_call(row: Any) -> str | None:
+    """The call id of a tool step's or an answers step's row (its intent names it)."""
+    parsed = names.parse(names.attempted(row.step))
+    if parsed is None or parsed.kind not in _MEMBER_KINDS or not isinstance(row.intent, Mapping):
+        return None
+    call = row.intent.get("call")
+    call_id = call.get("id") if isinstance(call, Mapping) else row.intent.get("call_id")
+    return call_id if isinstance(call_id, str) else None
+
+
+def _check_prefix(source_id: str, prefix: Sequence[Any]) -> None:
+    """Every copied step finished: done, or failed and run again to done within the
+    prefix."""
+    last: dict[str, tuple[int, Any]] = {}
+    for row in prefix:
+        again = names.retried(row.step)
+        step, k = again if again is not None else (row.step, 0)
+        if step not in last or k > last[step][0]:
+            last[step] = (k, row)
+    for step, (_, row) in sorted(last.items(), key=lambda item: item[1][1].seq):
+        if row.state != "done":
+            raise ControlRefusedError(
+                f"step {step} of run {source_id}, before the fork point, has not finished "
+                f"({row.state}): fork at {step} or before it"
+            )
+
+
+def runs_again(conn: Connection, source_id: str, after: Sequence[Any]) -> list[Again]:
+    """The source's `action` tool steps from the fork point on: they ran (or began) there
+    and will run again in the fork (a new run: another idempotency key)."""
+    kinds = {row.call_id: row.kind for row in toolcalls.run_calls(conn, source_id)}
+    found: dict[str, Again] = {}
+    for row in sorted(after, key=lambda r: r.seq):
+        step = names.attempted(row.step)
+        parsed = names.parse(step)
+        intent = row.intent if isinstance(row.intent, Mapping) else {}
+        call = intent.get("call") if intent.get("type") == "invoke_tool" else None
+        if parsed is None or parsed.kind != "tool" or not isinstance(call, Mapping):
+            continue
+        call_id, tool = str(call.get("id")), str(call.get("name"))
+        if kinds.get(call_id) == "action" and step not in found:
+            found[step] = Again(step, tool, call_id)
+    return list(found.values())
+
+
+# --- what is copied ----------------------------------------------------------------------
+
+
+def _copied(row: Any, run_id: str, ids: dict[str, dict[str, str]]) -> dict[str, Any]:
+    values = dict(row._mapping)
+    values.update(
+        run_id=run_id,
+        intent=_rehomed(values["intent"], ids),
+        lease_until=None,
+        holder=None,
+        not_before=None,
+    )
+    return values
+
+
+def _rehomed(value: Any, ids: dict[str, dict[str, str]]) -> Any:
+    """`value` (an intent's JSON) with the source's run and thread ids made the fork's."""
+    if isinstance(value, dict):
+        return {
+            key: ids[key].get(item, item)
+            if key in ids and isinstance(item, str)
+            else _rehomed(item, ids)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_rehomed(item, ids) for item in value]
+    return value
+
+
+def _copy_thread(
+    conn: Connection, source: RunView, thread_id: str, run_id: str, prefix: Sequence[Any]
+) -> None:
+    """The fork's thread: the source thread's history before the source run, then what the
+    copied steps wrote; its title if the source had it before it began."""
+    before = forks.history_before(conn, source.thread_id, source.run_id, source.created_at)
+    forks.copy_messages(conn, thread_id, before)
+    forks.add_messages(conn, thread_id, run_id, written(prefix))
+    title = threads.thread_title(conn, source.thread_id)
+    if title is not None and names.PERSIST_TITLE not in {row.step for row in prefix}:
+        threads.set_title(conn, thread_id, title)
+
+
+def written(prefix: Sequence[Any]) -> list[Message]:
+    """The messages the steps of `prefix` wrote to their thread, in order, as the executor
+    wrote them (agent_jobs/executor.py)."""
+    out: list[Message] = []
+    for row in sorted(prefix, key=lambda r: r.seq):
+        kind = row.intent.get("type") if isinstance(row.intent, Mapping) else None
+        if kind == "prepare_step":
+            prepared = Prepared.model_validate(row.result)
+            if prepared.rejected is None:
+                texts = [*prepared.claimed, *prepared.messages]
+                out += [Message(role="user", content=text) for text in texts]
+        elif kind in ("persist_user", "persist_assistant", "persist_toolexec"):
+            intent = parse_intent(row.intent)
+            if isinstance(intent, PersistUserMessage):
+                out.append(Message(role="user", content=intent.content))
+            elif isinstance(intent, PersistAssistant):
+                out.append(
+                    Message(role="assistant", content=intent.text, tool_calls=intent.tool_calls)
+                )
+            elif isinstance(intent, PersistToolExec):
+                out.append(
+                    Message(
+                        role="tool",
+                        content=intent.content,
+                        tool_call_id=intent.call.id,
+                        name=intent.call.name,
+                        is_error=intent.status != "executed",
+                    )
+                )
+    return out
+
+
+def _calls(
+    conn: Connection, source_id: str, run_id: str, thread_id: str, prefix: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """The source's tool-call records the copied steps wrote, as they stood at the fork
+    point."""
+    copied = {row.step: row for row in prefix}
+    out: list[dict[str, Any]] = []
+    for call in toolcalls.run_calls(conn, source_id):
+        recorded = copied.get(names.toolcall(call.call_id))
+        if recorded is None:
+            continue
+        values = dict(call._mapping)
+        values.update(run_id=run_id, thread_id=thread_id, handler_started_at=None)
+        if names.toolexec(call.call_id) not in copied:  # its outcome comes after the fork
+            verdict = CallVerdict.model_validate(recorded.result)
+            values.update(status=verdict.status, result=None, error=verdict.error)
+            if names.approval(call.call_id) in copied and values["decision"] is not None:
+                values["status"] = "approved" if values["decision"] == "approve" else "rejected"
+            else:  # asked again in the fork
+                values.update(
+                    decision=None,
+                    decided_by=None,
+                    decision_reason=None,
+                    decided_at=None,
+                    requested_at=None,
+                    approval_deadline=None,
+                    escalated=False,
+                    approvers=None,
+                )
+        out.append(values)
+    return out

@@ -1,0 +1,138 @@
+"""The inline runner's operator controls (README, "Operator controls"): pause and resume a
+run it drives, retry one of its runs that failed on a step, fork any run; and the
+replay that the last two need, as the inline runner has no other.
+
+A paused run waits at its step boundary on its own thread (it holds no worker: there
+are none), looking at the database between waits, so a resume or a cancel recorded by
+another process (`agent-jobs resume`) reaches it too. A retried or forked run is driven
+from its start with the steps its journal holds read back by name instead of run (a
+fan-out's rows have no order to go by), each step's last attempt as a durable retry
+left it; what the journal lacks runs, numbered after its last row.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import checkpoints as names
+from .. import controls
+from ..app import AgentApp
+from ..controls.pause import RESUMED_BY
+from ..executor import StepEnv
+from ..notify.sender import start_sender
+from ..settings import Settings
+from ..store import RunView, Store
+from ..store import journal as journal_rows
+from ..store import runs as run_rows
+from ..streams.base import MemoryStreams, RunStream
+
+
+class Replay:
+    """What a run's journal holds when its turn is driven (empty for a new run): a step's
+    recorded result, by name."""
+
+    def __init__(self, rows: Sequence[Any] = ()) -> None:
+        self._last: dict[str, tuple[int, Any]] = {}
+        for row in rows:
+            again = names.retried(row.step)
+            step, k = again if again is not None else (row.step, 0)
+            if step not in self._last or k > self._last[step][0]:
+                self._last[step] = (k, row)
+        self.last_seq = max((row.seq for row in rows), default=0)
+
+    @classmethod
+    def load(cls, store: Store, run_id: str) -> Replay:
+        with store.connect() as conn:
+            return cls(journal_rows.load_for_replay(conn, run_id))
+
+    def result(self, step: str) -> Any | None:
+        """The step's recorded result, if its last attempt is done; else None (it runs)."""
+        found = self._last.get(step)
+        return found[1].result if found is not None and found[1].state == "done" else None
+
+
+class InlineControls:
+    """Pause, resume, retry and fork, for `InlineRunner`."""
+
+    app: AgentApp
+    store: Store
+    settings: Settings
+    streams: MemoryStreams
+    poll_interval: float
+    _check_cancel: Callable[[str], RunView | None]  # InlineRunner's
+    _drive: Callable[[str], None]
+
+    def _init_controls(self) -> None:
+        self._unpause_lock = threading.Lock()
+        self._unpaused: dict[str, threading.Event] = {}
+
+    def pause(self, run_id: str, *, actor: str) -> list[str]:
+        """Ask the run (and its delegated runs) to pause at its next step boundary;
+        returns the ids asked (`ControlRefusedError` for a run that cannot pause)."""
+        with self.store.begin() as conn:
+            return controls.pause(conn, run_id, actor)
+
+    def resume(self, run_id: str, *, actor: str) -> list[str]:
+        """Let the paused run (and its delegated runs) go on; returns the ids resumed."""
+        with self.store.begin() as conn:
+            resumed = controls.resume(conn, run_id, actor)
+        for target in resumed:
+            self._unpause_flag(target).set()
+        return resumed
+
+    def retry(self, run_id: str, *, actor: str) -> controls.Retried:
+        """Run a run of this runner that failed on a step again, in this process, from its
+        failed step on."""
+        with self.store.begin() as conn:
+            retried = controls.retry(conn, run_id, actor, runner="inline")
+        self._drive(run_id)
+        return retried
+
+    def fork(self, run_id: str, at: str, *, actor: str) -> controls.Forked:
+        """Fork any run at step `at` into a new run on a new thread, driven in this
+        process (`agent_jobs.controls.fork` says what it copies and refuses)."""
+        start_sender(self.store, self.settings)
+        with self.store.begin() as conn:
+            forked = controls.fork(
+                conn, self.app, run_id, at, actor, runner="inline", status="running"
+            )
+        self._drive(forked.run_id)
+        return forked
+
+    # --- the step boundary -------------------------------------------------------------
+
+    def _boundary(self, run_id: str) -> None:
+        """A step boundary: stop here if the run is cancelled, wait here while it is
+        paused (`Cancelled` ends the wait too)."""
+        run = self._check_cancel(run_id)
+        if run is None:
+            return
+        if run.pause_requested_by is not None or (run.waiting_on or "").startswith(RESUMED_BY):
+            self._hold(run)
+
+    def _hold(self, run: RunView) -> None:
+        env = StepEnv(app=self.app, stream=RunStream(self.streams, run.root_run_id, run.run_id))
+        with self.store.begin() as conn:
+            held = controls.hold(conn, env, run, ())
+            if held is None:  # resumed, and said so: it runs on
+                run_rows.set_status(conn, run.run_id, "running")
+            env.flush_events(conn)
+        env.flush()
+        if held is None:
+            return
+        flag = self._unpause_flag(run.run_id)
+        while True:
+            flag.wait(self.poll_interval)
+            flag.clear()
+            current = self._check_cancel(run.run_id)
+            if current is None or current.pause_requested_by is None:
+                break
+        with self._unpause_lock:
+            self._unpaused.pop(run.run_id, None)
+        self._boundary(run.run_id)
+
+    def _unpause_flag(self, run_id: str) -> threading.Event:
+        with self._unpause_lock:
+            return self._unpaused.setdefault(run_id, threading.Event())

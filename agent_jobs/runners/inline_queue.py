@@ -1,0 +1,66 @@
+"""The inline runner's queued runs: a run that may not begin yet (its thread's turn has
+not ended, its key's places are taken: agent_jobs/admission.py) waits on its own thread,
+in this process, until a run of this runner ends, and then looks again.
+
+The look is the durable runner's (`admission.enter`, under the same locks), so runs of
+other processes on the same database count too; one of those ending is seen at the next
+look, within `OTHERS_POLL` seconds, as this process is told of no end but its own.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .. import admission
+from ..app import AgentApp
+from ..executor import StepEnv
+from ..store import RunView, Store
+from ..store import runs as run_rows
+from ..streams.base import RunStream
+from .turn import Ending, announce_end, finish_turn, stop_cause
+
+OTHERS_POLL = 1.0  # seconds between looks while nothing here ends
+
+
+class QueuedTurns:
+    """What the inline runner does for its runs that wait for their turn."""
+
+    app: AgentApp
+    store: Store
+
+    def _init_queue(self) -> None:
+        self._ended = threading.Condition()
+        self._ends = 0  # how many times something that may free a place happened here
+
+    def _nudge(self) -> None:
+        """A run here ended (or was asked to stop): the waiting ones look again."""
+        with self._ended:
+            self._ends += 1
+            self._ended.notify_all()
+
+    def _admitted(self, run: RunView, stream: RunStream) -> RunView | None:
+        """Wait until the queued run may begin; returns it `running`, or None when it was
+        cancelled (or ran past its deadline) while it waited, and has ended so."""
+        while True:
+            with self._ended:
+                seen = self._ends
+            env = StepEnv(app=self.app, stream=stream)
+            with self.store.begin() as conn:
+                row = run_rows.get_run(conn, run.run_id, for_update=True)
+                current = RunView.from_row(row)
+                if current.finished:
+                    return None
+                cause = stop_cause(conn, current)
+                if cause is None and admission.enter(conn, self.app, current):
+                    run_rows.set_status(conn, current.run_id, "running")
+                    return current.model_copy(update={"status": "running", "waiting_on": None})
+                if cause is not None:
+                    ending = Ending.cancelled(cause, current.cancel_keep_inbox)
+                    finish_turn(conn, env, self.app, current, ending)
+            if cause is not None:
+                env.flush()
+                announce_end(stream, ending)
+                return None
+            with self._ended:
+                if self._ends == seen:  # nothing ended since the look began
+                    self._ended.wait(OTHERS_POLL)
