@@ -40,9 +40,11 @@ class StoreError(AgentJobsError):
 class UnknownRunError(StoreError):
     """No run has this id."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, message: str | None = None) -> None:
         self.run_id = run_id
-        super().__init__(f"no run with id {run_id!r}; `agent-jobs runs` lists the known ones")
+        super().__init__(
+            message or f"no run with id {run_id!r}; `agent-jobs runs` lists the known ones"
+        )
 
 
 class UnknownCallError(StoreError):

@@ -255,3 +255,21 @@ def test_answer_cancel_and_say_from_another_process(tmp_path: Path) -> None:
         for proc in (asking, waiting):
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [
+        ("AGENT_JOBS_RATE_LIMITS", '{"openai:*": {"requests_per_minut": 5}, "k": "s3cr3t"}', ""),
+        ("AGENT_JOBS_PRUNE_BATCH", "0", "greater than or equal to 1"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, setting: str, value: str, said: str
+) -> None:
+    done = agent_jobs("runs", cwd=tmp_path, env={setting: value})
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: invalid settings: {setting}: ") and said in line
+    assert "Traceback" not in done.stderr and "s3cr3t" not in done.stderr
+    assert not (tmp_path / "agent_jobs.db").exists()  # nothing was done

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from agent_jobs import InvalidRequestError, session
-from agent_jobs.errors import ThreadBusyError
+from agent_jobs import InvalidRequestError, ThreadBusyError, session
 from agent_jobs.store.schema import events, runs, threads
 
 from .harness import Harness

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 import kombu.exceptions
+import pydantic
 import redis.exceptions
 import sqlalchemy.exc
 from rich.console import Console
@@ -81,8 +82,22 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(unreachable(exc), EXIT_UNAVAILABLE)
         except REDIS_ERRORS as exc:
             fail(unreachable(exc), EXIT_UNAVAILABLE)
+        except pydantic.ValidationError as exc:
+            if exc.title != Settings.__name__:
+                raise
+            fail(bad_settings(exc), EXIT_USAGE)
 
     return wrapper
+
+
+def bad_settings(exc: pydantic.ValidationError) -> str:
+    """What is wrong with the settings, a setting at a time, by its variable's name; never
+    the value given (it may be a secret)."""
+    faults = []
+    for error in exc.errors(include_input=False, include_url=False):
+        name = "AGENT_JOBS_" + "_".join(str(part) for part in error["loc"][:1]).upper()
+        faults.append(f"{name}: {error['msg']}")
+    return "invalid settings: " + "; ".join(faults)
 
 
 def unreachable(exc: Exception) -> str:

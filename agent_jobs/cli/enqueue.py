@@ -10,6 +10,14 @@ import click
 from ..admission import IfBusy
 from .common import durable_client, fail, handle_errors, print_json
 
+IF_BUSY = click.option(
+    "--if-busy",
+    type=click.Choice(["enqueue", "reject", "interrupt"]),
+    default="enqueue",
+    show_default=True,
+    help="On a thread whose turn has not ended: run after it, refuse, or cancel it.",
+)
+
 DEFAULT_AGENT = "support"
 
 
@@ -33,13 +41,7 @@ def _metadata(text: str | None) -> dict[str, Any]:
 @click.option("--persona", help="Run under this persona.")
 @click.option("--run-id", help="Idempotency key: the same id twice starts one run.")
 @click.option("--metadata", help="A JSON object kept with the run, e.g. '{\"ticket\": 7}'.")
-@click.option(
-    "--if-busy",
-    type=click.Choice(["enqueue", "reject", "interrupt"]),
-    default="enqueue",
-    show_default=True,
-    help="On a thread whose turn has not ended: run after it, refuse, or cancel it.",
-)
+@IF_BUSY
 @click.option("--json", "as_json", is_flag=True, help='Print {"run_id", "status"}.')
 @handle_errors
 def enqueue(

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import click
 
+from ..admission import IfBusy
 from ..runners.inline import InlineRunner
 from ..store import Store
 from ..streams.base import Frame
@@ -30,6 +31,7 @@ from .common import (
     store,
     unreachable,
 )
+from .enqueue import IF_BUSY
 from .frames import Screen, follow
 from .inspect import run_document
 from .prompt import (
@@ -56,6 +58,7 @@ DEFAULT_DECIDER = "cli"  # the --actor default of `approve` and `reject`
 @click.option("--thread", "thread_id", help="Continue this thread.")
 @click.option("--persona", help="Run under this persona.")
 @click.option("--run-id", help="Idempotency key: the same id twice starts one run.")
+@IF_BUSY
 @click.option("--yes", "-y", "approve_all", is_flag=True, help="Approve every action.")
 @click.option("--json", "as_json", is_flag=True, help="Print the finished run as JSON.")
 @handle_errors
@@ -67,6 +70,7 @@ def run(
     thread_id: str | None,
     persona: str | None,
     run_id: str | None,
+    if_busy: IfBusy,
     approve_all: bool,
     as_json: bool,
 ) -> None:
@@ -80,7 +84,7 @@ def run(
     in this process the run waits for that command from elsewhere.
     """
     config = settings()
-    request = RunArgs(agent, text, actor, approver or actor, thread_id, persona, run_id)
+    request = RunArgs(agent, text, actor, approver or actor, thread_id, persona, run_id, if_busy)
     if config.durable:
         code = _run_durable(request, approve_all, as_json)
     else:
@@ -98,6 +102,7 @@ class RunArgs:
     thread_id: str | None
     persona: str | None
     run_id: str | None
+    if_busy: IfBusy = "enqueue"
 
 
 Verdict = tuple[Literal["approve", "reject"], str | None]
@@ -220,8 +225,9 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         thread_id=args.thread_id,
         run_id=args.run_id,
         persona=args.persona,
+        if_busy=args.if_busy,
     )
-    root = runner.store.get_run(run_id).root_run_id
+    root = _tell_if_queued(runner.store, run_id)
     asker = _Asker(runner.store, root, args, approve_all=approve_all, parks=False, quiet=as_json)
     on_approval, on_question = _handlers(asker, args, runner.signal, runner.answer)
     follow(runner.frames(run_id), on_approval, on_question, quiet=as_json)
@@ -241,8 +247,9 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         thread_id=args.thread_id,
         run_id=args.run_id,
         persona=args.persona,
+        if_busy=args.if_busy,
     )
-    root = client.store.get_run(run_id).root_run_id
+    root = _tell_if_queued(client.store, run_id)
     asker = _Asker(client.store, root, args, approve_all=approve_all, parks=True, quiet=as_json)
     on_approval, on_question = _handlers(asker, args, client.decide, client.answer)
     streams = redis_streams()
@@ -271,6 +278,20 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     if as_json:
         print_json(run_document(client.store, view))
     return 0 if view.status == "completed" else EXIT_FAILED
+
+
+def _tell_if_queued(db: Store, run_id: str) -> str:
+    """Say so when the run must wait for its place (its thread's turn, its key's places)
+    before it begins; the run's root run id."""
+    view = db.get_run(run_id)
+    if view.status == "queued" and view.waiting_on:
+        err.print(
+            visible(
+                f"run {run_id} is queued ({view.waiting_on}); it begins when that ends "
+                f"(agent-jobs cancel {run_id} stops it)"
+            )
+        )
+    return view.root_run_id
 
 
 def _tell_what_waits(db: Store, root_run_id: str, decider: str | None) -> None:

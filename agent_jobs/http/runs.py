@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import metrics, tracing
 from ..documents import run_document
-from ..errors import ConfigurationError, InvalidRequestError, ThreadBusyError
+from ..errors import ConfigurationError, InvalidRequestError, ThreadBusyError, UnknownRunError
 from ..runs import RunRequest
 from ..store import RunView, places
 from ..streams.base import Frame, frame_json
@@ -81,7 +81,14 @@ def start_run(body: RunRequest, request: Request, caller: CallerDep) -> JSONResp
         with tracing.extracted(request.headers):  # the caller's trace goes on with the run
             run_id, created = door.admit(body)
     except ThreadBusyError as exc:
-        raise ConflictError(str(exc)) from None
+        busy = door.store.find_run(exc.busy_run_id)
+        if busy is not None and may_read(door, caller, busy):
+            raise ConflictError(str(exc)) from None
+        # A run the caller may not read is not named: as if it were not there.
+        raise ConflictError(
+            f"thread {exc.thread_id!r} is busy: its turn has not ended; send if_busy "
+            "'enqueue' to run after it"
+        ) from None
     run = door.store.get_run(run_id)
     if not created:  # another request with this run_id came first
         return _existing(door, caller, run)
@@ -96,7 +103,13 @@ def _may_interrupt(door: Door, caller: Caller, thread_id: str | None) -> None:
     with door.store.connect() as conn:
         busy = places.thread_runs(conn, thread_id, lock=False)
     for row in busy:
-        owned_run(door, caller, row.id, "interrupt it")
+        try:
+            owned_run(door, caller, row.id, "interrupt it")
+        except UnknownRunError:  # not the caller's to read: not named
+            raise UnknownRunError(
+                row.id,
+                f"thread {thread_id!r} has no run that actor {caller.actor!r} may interrupt",
+            ) from None
 
 
 def _existing(door: Door, caller: Caller, run: RunView) -> JSONResponse:
