@@ -47,6 +47,14 @@ class UnknownRunError(StoreError):
         )
 
 
+class UnknownThreadError(StoreError):
+    """No thread with this id that the caller may continue."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"no thread with id {thread_id!r} that this actor may continue")
+
+
 class UnknownCallError(StoreError):
     """The run has no tool call with this id."""
 

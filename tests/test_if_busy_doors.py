@@ -181,18 +181,15 @@ def test_interrupt_by_another_actor_is_refused_and_changes_nothing(stack: Stack)
     first, thread, call_id = parked(stack)
     before, busy = settled(stack.doors.store), snapshot(stack, first)
 
-    refusals = [
-        # alice may decide the refund, so reads the run, but may not cancel it: 403.
-        ("alice", 403, "PermissionDeniedError"),
-        # bob (support) and eve (no role) may not even read it: 404, as for no run.
-        ("bob", 404, "UnknownRunError"),
-        ("eve", 404, "UnknownRunError"),
-    ]
-    for actor, status, kind in refusals:
+    # The thread is user-7's conversation: alice (who may decide the refund, so reads the
+    # run), bob (support) and eve (no role) may not continue it, so not interrupt it
+    # either: 404, as for no thread, whatever else they may read.
+    for actor in ("alice", "bob", "eve"):
         body = chat(thread, run_id=f"busy-interrupt-{actor}", if_busy="interrupt")
-        message = assert_error(stack.call(actor, "POST", "/v1/runs", json=body), status, kind)
-        if status == 403:
-            assert "interrupt" in message and "user-7" in message
+        message = assert_error(
+            stack.call(actor, "POST", "/v1/runs", json=body), 404, "UnknownThreadError"
+        )
+        assert thread in message and first not in message.replace(thread, "")
         assert stack.doors.store.find_run(f"busy-interrupt-{actor}") is None
 
     time.sleep(0.5)  # a cancel asked for would have reached the worker by now
@@ -207,7 +204,7 @@ def test_interrupt_by_another_actor_is_refused_and_changes_nothing(stack: Stack)
     assert stack.doors.store.get_run(first).output == ANSWER
 
 
-def test_a_caller_who_may_not_read_the_busy_run_is_not_told_its_id(stack: Stack) -> None:
+def test_another_actors_thread_is_not_the_callers_to_continue_nor_to_learn_of(stack: Stack) -> None:
     opened = stack.start("user-7", agent="chat", text="hello")  # the thread's first turn
     stack.doors.wait_status(opened, "completed")
     thread = stack.doors.store.get_run(opened).thread_id
@@ -216,12 +213,20 @@ def test_a_caller_who_may_not_read_the_busy_run_is_not_told_its_id(stack: Stack)
     assert busy != thread  # the id is nothing bob could know from the thread's
     try:
         assert_error(stack.call("bob", "GET", f"/v1/runs/{busy}"), 404)  # not his to read
-        for if_busy, status in (("reject", 409), ("interrupt", 404)):
+        for if_busy in ("enqueue", "reject", "interrupt"):
             body = chat(thread, if_busy=if_busy)
-            message = assert_error(stack.call("bob", "POST", "/v1/runs", json=body), status)
+            message = assert_error(stack.call("bob", "POST", "/v1/runs", json=body), 404)
             assert busy not in message, (if_busy, message)
     finally:
         cancel(stack, busy)
+    # Nor may he continue it once it is idle; a service may.
+    before = settled(stack.doors.store)
+    body = chat(thread, run_id="not-bobs")
+    assert_error(stack.call("bob", "POST", "/v1/runs", json=body), 404, "UnknownThreadError")
+    assert settled(stack.doors.store) == before
+    assert stack.doors.store.find_run("not-bobs") is None
+    started = stack.call("backend", "POST", "/v1/runs", json=chat(thread, actor="user-7"))
+    assert started.status_code == 201, started.text
 
 
 @pytest.mark.parametrize("value", ["later", "", "REJECT", 1, ["reject"]])
@@ -334,8 +339,8 @@ def test_the_inline_server_rejects_and_interrupts_as_the_durable_one_does(
     message = assert_error(api.call("user-7", "POST", "/v1/runs", json=body), 409, "ConflictError")
     assert f"run {first!r} has not ended" in message
     body = chat(thread, run_id="inline-busy-2", if_busy="interrupt")
-    assert_error(api.call("alice", "POST", "/v1/runs", json=body), 403, "PermissionDeniedError")
-    assert_error(api.call("eve", "POST", "/v1/runs", json=body), 404, "UnknownRunError")
+    for actor in ("alice", "eve"):  # user-7's conversation: not theirs to continue
+        assert_error(api.call(actor, "POST", "/v1/runs", json=body), 404, "UnknownThreadError")
     assert counts(store) == before
     assert status_of(first) == "awaiting_approval"
 

@@ -26,6 +26,7 @@ from ..errors import (
     UnknownAgentError,
     UnknownCallError,
     UnknownRunError,
+    UnknownThreadError,
 )
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class ErrorBody(BaseModel):
 # Statuses of the library's own errors, the most specific class first.
 LIBRARY_STATUS: tuple[tuple[type[AgentJobsError], int], ...] = (
     (UnknownRunError, 404),
+    (UnknownThreadError, 404),
     (UnknownCallError, 404),
     (UnknownAgentError, 422),
     (InvalidRequestError, 422),

@@ -14,7 +14,13 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import metrics, tracing
 from ..documents import run_document
-from ..errors import ConfigurationError, InvalidRequestError, ThreadBusyError, UnknownRunError
+from ..errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    ThreadBusyError,
+    UnknownRunError,
+    UnknownThreadError,
+)
 from ..runs import RunRequest
 from ..store import RunView, places
 from ..streams.base import Frame, frame_json
@@ -47,6 +53,11 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     response_model=Started,
     responses={
         200: {"model": Started, "description": "A run with this run_id exists: that run"},
+        404: {
+            "model": ErrorBody,
+            "description": "thread_id names a thread with another actor's runs (and the "
+            "caller is not a service)",
+        },
         409: {
             "model": ErrorBody,
             "description": "The run_id is taken by a run of another; or the thread's turn "
@@ -75,6 +86,12 @@ def start_run(body: RunRequest, request: Request, caller: CallerDep) -> JSONResp
         raise InvalidRequestError(f"invalid run request: {exc}") from None
     if body.run_id is not None and (found := door.store.find_run(body.run_id)) is not None:
         return _existing(door, caller, found)
+    if (
+        body.thread_id is not None
+        and not caller.is_service
+        and door.store.has_other_actor(body.thread_id, caller.actor)
+    ):  # another actor's conversation: not the caller's to continue, nor to know of
+        raise UnknownThreadError(body.thread_id)
     if body.if_busy == "interrupt":
         _may_interrupt(door, caller, body.thread_id)
     try:

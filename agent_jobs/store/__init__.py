@@ -126,6 +126,11 @@ class Store:
         with self.connect() as conn:
             return threads.thread_messages(conn, thread_id)
 
+    def has_other_actor(self, thread_id: str, actor: str) -> bool:
+        """Whether a run of another actor than `actor` is on the thread."""
+        with self.connect() as conn:
+            return threads.has_other_actor(conn, thread_id, actor)
+
     def thread_title(self, thread_id: str) -> str | None:
         with self.connect() as conn:
             return threads.thread_title(conn, thread_id)

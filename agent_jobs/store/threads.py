@@ -9,7 +9,7 @@ from sqlalchemy import Connection, bindparam, exists, insert, literal_column, se
 from ..messages import Message, ToolCall
 from . import driver
 from .db import insert_unless_exists, utcnow
-from .schema import messages, threads
+from .schema import messages, runs, threads
 
 
 def ensure_thread(conn: Connection, thread_id: str) -> bool:
@@ -141,6 +141,12 @@ _TITLE_AND_ANSWERED = select(
 
 def thread_title(conn: Connection, thread_id: str) -> str | None:
     return conn.execute(select(threads.c.title).where(threads.c.id == thread_id)).scalar()
+
+
+def has_other_actor(conn: Connection, thread_id: str, actor: str) -> bool:
+    """Whether a run of another actor than `actor` is on the thread."""
+    other = exists().where(runs.c.thread_id == thread_id, runs.c.actor != actor)
+    return bool(conn.execute(select(other)).scalar())
 
 
 def set_title(conn: Connection, thread_id: str, title: str) -> None:
