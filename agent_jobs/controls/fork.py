@@ -44,6 +44,7 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.retention import PRUNED
 from .pause import checked_actor
+from .retry import last_runs
 
 # Steps that run once more in a fork, run by a fan-out's members (see `_in_fanout`).
 _MEMBER_KINDS = ("tool", "answers")
@@ -211,12 +212,7 @@ def _member_call(row: Any) -> str | None:
 def _check_prefix(source_id: str, prefix: Sequence[Any]) -> None:
     """Every copied step finished: done, or failed and run again to done within the
     prefix."""
-    last: dict[str, tuple[int, Any]] = {}
-    for row in prefix:
-        again = names.retried(row.step)
-        step, k = again if again is not None else (row.step, 0)
-        if step not in last or k > last[step][0]:
-            last[step] = (k, row)
+    last = last_runs(prefix)
     for step, (_, row) in sorted(last.items(), key=lambda item: item[1][1].seq):
         if row.state != "done":
             raise ControlRefusedError(

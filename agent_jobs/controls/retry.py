@@ -134,15 +134,22 @@ def _failed_request(conn: Connection, run: Any) -> list[str]:
     return [last] if isinstance(last, str) else []
 
 
-def unretried_failures(rows: Sequence[Any]) -> list[tuple[str, int, Any]]:
-    """(step, how often it was retried, its last row) of each step whose last run failed,
-    in journal order."""
+def last_runs(rows: Sequence[Any]) -> dict[str, tuple[int, Any]]:
+    """Each step of the journal `rows`: how often it was retried, and the row of its last
+    run (the step's own row, or its latest retry row)."""
     last: dict[str, tuple[int, Any]] = {}
     for row in rows:
         again = names.retried(row.step)
         step, k = again if again is not None else (row.step, 0)
         if step not in last or k > last[step][0]:
             last[step] = (k, row)
+    return last
+
+
+def unretried_failures(rows: Sequence[Any]) -> list[tuple[str, int, Any]]:
+    """(step, how often it was retried, its last row) of each step whose last run failed,
+    in journal order."""
+    last = last_runs(rows)
     found = [(step, k, row) for step, (k, row) in last.items() if row.state == "failed"]
     return sorted(found, key=lambda item: item[2].seq)
 
