@@ -17,10 +17,12 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from agent_jobs import InlineRunner, Store
+from agent_jobs import InlineRunner, Store, admission
 from agent_jobs.client import Client
 from agent_jobs.dispatch import CeleryDispatcher
 from agent_jobs.settings import Settings
+from agent_jobs.store import RunView
+from agent_jobs.store import runs as run_rows
 from agent_jobs.store.schema import runs
 
 from . import apps, concurrency_apps
@@ -140,6 +142,9 @@ def test_twenty_runs_of_one_actor_two_at_a_time_across_workers(cluster: Cluster)
 def test_a_queued_run_says_what_it_waits_for(cluster: Cluster) -> None:
     with durable(cluster, workers=1) as client:
         first = client.enqueue_run("single_slow", "one", actor="user-7")
+        # The first holds the key's place before the second is sent: else the second's
+        # pass may come first, and wait for an earlier run rather than a running one.
+        wait_status(cluster.store, first, "running")
         second = client.enqueue_run("single_slow", "two", actor="user-7")
         deadline = time.monotonic() + 20
         while (run := cluster.store.get_run(second)).waiting_on is None:
@@ -150,6 +155,29 @@ def test_a_queued_run_says_what_it_waits_for(cluster: Cluster) -> None:
         assert cluster.wait(first).status == "completed"
         assert cluster.wait(second).status == "completed"
         assert cluster.store.get_run(second).waiting_on is None
+
+
+def test_a_run_sent_before_an_earlier_one_began_waits_for_it(cluster: Cluster) -> None:
+    with durable(cluster, workers=0) as client:  # nothing takes either run yet
+        first = client.enqueue_run("single_slow", "one", actor="user-7")
+        second = client.enqueue_run("single_slow", "two", actor="user-7")
+        with cluster.store.begin() as conn:  # the second's pass, before the first's
+            row = run_rows.get_run(conn, second, for_update=True)
+            entry = admission.enter(conn, concurrency_apps.app, RunView.from_row(row))
+        assert not entry
+        waiting = "concurrency single_slow/user-7: 0 of 1 running, earlier runs first"
+        assert entry.waiting_on == cluster.store.get_run(second).waiting_on == waiting
+        cluster.worker(concurrency=3, **APP)
+        assert cluster.wait(first).status == "completed"
+        assert cluster.wait(second).status == "completed"
+    assert executions_at(first, "model", "model:1") < executions_at(second, "model", "model:1")
+
+
+def wait_status(store: Store, run_id: str, status: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while (run := store.get_run(run_id)).status != status:
+        assert time.monotonic() < deadline, f"never {status}: {run}"
+        time.sleep(0.02)
 
 
 def test_a_worker_killed_while_running_one_lets_the_next_begin(cluster: Cluster) -> None:
