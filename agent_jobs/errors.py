@@ -81,6 +81,19 @@ class ThreadBusyError(StoreError):
         )
 
 
+class RunAbandonedError(StoreError):
+    """An inline run's process exited before the run ended (a run's `error_type`): the
+    next process that met it in its way ended it (agent_jobs/runners/abandoned.py)."""
+
+    def __init__(self, run_id: str, driver: str) -> None:
+        self.run_id = run_id
+        self.driver = driver
+        super().__init__(
+            f"abandoned: the process that drove run {run_id!r} ({driver}) exited before "
+            "the run ended"
+        )
+
+
 class InvalidRequestError(AgentJobsError):
     """A request from outside (a run request, a message, a decision) is malformed."""
 

@@ -17,6 +17,7 @@ from . import admission, session, tracing
 from .admission import IfBusy
 from .app import AgentApp
 from .errors import InvalidRequestError
+from .processes import this_process
 from .store import RunView, Store, threads
 from .store import events as event_rows
 from .store import runs as run_rows
@@ -54,6 +55,11 @@ class RunRequest(BaseModel):
     @classmethod
     def _metadata(cls, value: Any) -> Any:
         return {} if value is None else value
+
+    @field_validator("if_busy", mode="before")
+    @classmethod
+    def _if_busy(cls, value: Any) -> Any:  # null is the default, as in Python's keyword
+        return "enqueue" if value is None else value
 
     @classmethod
     def of(cls, agent: str, input: str, **fields: Any) -> RunRequest:
@@ -106,6 +112,8 @@ def admit(
         if request.if_busy == "interrupt":
             interrupted = admission.interrupt(conn, request, run_id)
         created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
+        if created and runner == "inline":  # this process drives it, from its first moment
+            run_rows.set_driver(conn, [run_id], this_process())
     return Admitted(run_id, created, tuple(interrupted))
 
 

@@ -245,7 +245,7 @@ def test_a_bad_if_busy_is_422_and_records_nothing(stack: Stack, value: Any) -> N
 def test_enqueue_the_default_is_201_queued_and_runs_after_the_turn(stack: Stack) -> None:
     first, thread, call_id = parked(stack)
     later = []
-    for extra in ({}, {"if_busy": "enqueue"}):  # the default, then said
+    for extra in ({}, {"if_busy": "enqueue"}, {"if_busy": None}):  # the default, said, null
         reply = stack.call("user-7", "POST", "/v1/runs", json=chat(thread, **extra))
         assert reply.status_code == 201, reply.text
         assert reply.json()["status"] == "queued"

@@ -7,6 +7,7 @@ import json
 import click
 
 from ..client import Client
+from ..runners import abandoned
 from ..session import CANCEL_CAUSES, TARGETS, fold_inbox, fold_status
 from .common import handle_errors, out, print_json, settings, store
 from .text import visible
@@ -68,7 +69,12 @@ def say(run_or_thread: str, text: str, target: str) -> None:
 @handle_errors
 def cancel(run_id: str, cause: str, keep_inbox: bool) -> None:
     """Cancel a run (and its children); it stops at its next boundary."""
-    stopped = _client().cancel(run_id, cause, keep_inbox=keep_inbox)
+    client = _client()
+    stopped = client.cancel(run_id, cause, keep_inbox=keep_inbox)
+    # An embedded run whose process is gone has none to see the cancel: it ends here (one
+    # cancelled before too: its cancel was recorded, and nothing saw it).
+    ended = abandoned.end(client.store, client.app, [run_id, *stopped])
+    stopped += [target for target in ended if target not in stopped]
     if stopped:
         out.print(visible(f"cancelling {', '.join(stopped)} ({cause})"))
     else:

@@ -40,6 +40,7 @@ from ..hooks import (
 from ..loop import run_agent_loop
 from ..notify.sender import start_sender
 from ..notify.webhook import check as check_webhook
+from ..processes import this_process
 from ..ratelimits.gate import ModelGate
 from ..runs import RunRequest, admit, post_message
 from ..settings import Settings, get_settings
@@ -49,6 +50,7 @@ from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
 from ..streams.base import Frame, MemoryStreams, RunStream
+from . import abandoned
 from .inline_controls import InlineControls, Replay
 from .inline_queue import QueuedTurns
 from .inline_waits import HumanWaits
@@ -283,6 +285,8 @@ class InlineRunner(QueuedTurns, InlineControls):
         )
         # This process delivers its runs' notifications (with Redis or a webhook set).
         start_sender(self.store, self.settings)
+        if request.thread_id is not None:  # a turn left by a process that is gone: ended
+            self._abandoned(thread_id=request.thread_id)
         made = admit(self.store, self.app, request, runner="inline", status="running")
         self._stopping(made.interrupted)
         if made.created:
@@ -363,8 +367,16 @@ class InlineRunner(QueuedTurns, InlineControls):
         """Ask the run (and its children) to stop at the next boundary."""
         with self.store.begin() as conn:
             affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
+        # An inline run whose process is gone has none to see the cancel: it ends here
+        # (one cancelled before too: its cancel was recorded, and nothing saw it).
+        ended = abandoned.end(self.store, self.app, [run_id, *affected], streams=self.streams)
         self._stopping(affected)
-        return affected
+        return affected + [target for target in ended if target not in affected]
+
+    def _abandoned(self, **in_the_way: Any) -> None:
+        """End the runs in a run's way whose process is gone (runners/abandoned.py)."""
+        if abandoned.end_in_the_way(self.store, self.app, streams=self.streams, **in_the_way):
+            self._nudge()
 
     def _stopping(self, run_ids: Sequence[str]) -> None:
         """Runs were asked to stop: wake their waits (a retry's, a queued run's)."""
@@ -436,6 +448,7 @@ class InlineRunner(QueuedTurns, InlineControls):
         hooks = InlineHooks(self, run, stream)
         env = StepEnv(app=self.app, stream=stream)
         with self.store.begin() as conn:
+            run_rows.set_driver(conn, [run.run_id], this_process())  # retried, forked, delegated
             start_turn(env, run, conn)
             env.flush_events(conn)
         env.flush()

@@ -10,6 +10,7 @@ look, within `OTHERS_POLL` seconds, as this process is told of no end but its ow
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from .. import admission
 from ..app import AgentApp
@@ -27,6 +28,7 @@ class QueuedTurns:
 
     app: AgentApp
     store: Store
+    _abandoned: Callable[..., None]  # InlineRunner's
 
     def _init_queue(self) -> None:
         self._ended = threading.Condition()
@@ -45,6 +47,9 @@ class QueuedTurns:
             with self._ended:
                 seen = self._ends
             env = StepEnv(app=self.app, stream=stream)
+            self._abandoned(
+                thread_id=run.thread_id, agent=run.agent, key=run.concurrency_key, but=run.run_id
+            )
             with self.store.begin() as conn:
                 row = run_rows.get_run(conn, run.run_id, for_update=True)
                 current = RunView.from_row(row)

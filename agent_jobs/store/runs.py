@@ -295,6 +295,11 @@ _SET_TRACE_CONTEXT = (
 )
 
 
+def set_driver(conn: Connection, run_ids: Sequence[str], driver: str) -> None:
+    """The process that drives these inline runs from now on (agent_jobs/processes.py)."""
+    conn.execute(update(runs).where(runs.c.id.in_(list(run_ids))).values(driver=driver))
+
+
 def note_trace_context(conn: Connection, run_id: str, context: dict[str, str]) -> None:
     """Give a run that has none its trace context, with the transaction's next statement
     or its commit."""

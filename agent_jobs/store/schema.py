@@ -76,6 +76,10 @@ runs = Table(
     # The W3C trace context (`traceparent`, `tracestate`) the run was started in: each of
     # its steps is a span parented on it (agent_jobs/tracing.py). Null when tracing is off.
     Column("trace_context", Json, nullable=True),
+    # The process that drives an inline run (its host, pid and start): a run left
+    # unfinished by a process that is gone is ended by the next one that meets it
+    # (agent_jobs/runners/abandoned.py). Null for durable runs: recovery drives those.
+    Column("driver", String(300), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=True),
