@@ -32,7 +32,7 @@ def _started(pid: int) -> str | None:
     except FileNotFoundError:
         if Path("/proc/self/stat").exists():
             return None  # /proc works here: no such process
-        return "" if _pid_alive(pid) else None
+        return "" if alive(pid) else None
     except OSError:
         return ""
     # The command's name, in parentheses, may hold spaces: the fields follow its end.
@@ -40,7 +40,8 @@ def _started(pid: int) -> str | None:
     return fields[19]  # field 22 of proc(5), `starttime`
 
 
-def _pid_alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process of this pid exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from ipaddress import ip_address
 from typing import TYPE_CHECKING, Any
 
+from .processes import alive
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -192,13 +193,3 @@ def fold_dead(path: str) -> None:
                 os.remove(name)
         finally:
             archive.close()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
