@@ -126,7 +126,8 @@ def test_a_non_ascii_signature_on_the_stream_is_refused_at_once(doors: Doors) ->
     took = time.monotonic() - posted
 
     after = doors.counters()
-    assert took < 1.0, f"the good decision took {took:.1f}s behind 20 bad signatures"
+    # Stalled on each bad one, it came 19 s late; refused at once, it takes a few polls.
+    assert took < 3.0, f"the good decision took {took:.1f}s behind 20 bad signatures"
     assert after.get("bad_signature", 0) - before.get("bad_signature", 0) == 20
     assert after.get("error", 0) == before.get("error", 0)
     doors.wait_status(run_id, "completed")
@@ -286,7 +287,8 @@ def test_a_decision_on_the_stream_is_taken_up_quickly(doors: Doors) -> None:
     for _ in range(3):
         run_id, call_id = doors.parked()
         took = seconds_to_record(doors, run_id, call_id)
-        assert took < 0.5, f"{took:.2f}s from XADD to recorded"
+        # A 0.05 s poll, then a Postgres write: well under a second on a loaded machine.
+        assert took < 1.0, f"{took:.2f}s from XADD to recorded"
         doors.wait_status(run_id, "completed")
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -93,6 +94,14 @@ def finished(runner: InlineRunner, **kwargs: Any) -> str:
     return run_id
 
 
+def parked(runner: InlineRunner, run_id: str) -> None:
+    """Once the run waits for its approval (within 30 s: a loaded machine is slow)."""
+    deadline = time.monotonic() + 30
+    while runner.store.get_run(run_id).status != "awaiting_approval":
+        assert time.monotonic() < deadline, runner.store.get_run(run_id)
+        time.sleep(0.02)
+
+
 def ended_days_ago(store: Store, run_id: str, days: float) -> None:
     with store.begin() as conn:
         conn.execute(
@@ -153,8 +162,7 @@ def test_a_prune_removes_old_runs_payloads_and_keeps_their_records(
     also_old = finished(runner)
     recent = finished(runner, thread_id=old)  # the old run's thread goes on
     waiting = runner.start("refunder", "refund 42", actor="user-7")
-    runner_waits = runner.wait(waiting, timeout=1)
-    assert runner_waits.status == "awaiting_approval"
+    parked(runner, waiting)
     deliver_all(store)
     for run_id in (old, also_old):
         ended_days_ago(store, run_id, DAYS + 10)
@@ -263,7 +271,7 @@ def test_a_delegated_run_stays_while_its_top_level_run_is_unfinished(
 ) -> None:
     child = finished(runner)
     waiting = runner.start("refunder", "refund 42", actor="user-7")
-    assert runner.wait(waiting, timeout=1).status == "awaiting_approval"
+    parked(runner, waiting)
     with store.begin() as conn:
         conn.execute(update(runs).where(runs.c.id == child).values(root_run_id=waiting))
     ended_days_ago(store, child, DAYS + 1)

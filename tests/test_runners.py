@@ -113,8 +113,10 @@ def test_eight_half_second_reads_overlap(harness: Harness) -> None:
     assert run.status == "completed" and run.output == "eight done"
     tools = [row for row in conversation(harness, run) if row[0] == "tool"]
     assert [t[1] for t in tools] == [str(i * 10) for i in range(8)]
-    assert took < 1.5 + (1.0 if harness.kind == "durable" else 0), f"took {took:.2f}s"
+    # One after another they would take 4 s.
+    assert took < 3.0, f"took {took:.2f}s"
     # The reads themselves overlapped: all eight began before the first could have ended.
     journal = {j["step"]: j for j in harness.store.journal(run.run_id)}
     starts = [journal[f"tool:call_{i}"]["started_at"] for i in range(1, 9)]
-    assert (max(starts) - min(starts)).total_seconds() < 0.5, "the reads ran one after another"
+    spread = (max(starts) - min(starts)).total_seconds()
+    assert spread < 1.5, f"the reads ran one after another: {spread:.2f}s from first to last start"
