@@ -39,11 +39,11 @@ from .conftest import SESSION_QUEUE
 from .workers import ROOT, Process
 
 KEY = "sk-rate-limits-3b9d1f7a5c2e4d6b8a0c"
-# Seconds: how much sooner than its place a request may reach the server, as the server
-# sees it. A request reaches the server some time after its grant; on a loaded machine a
-# process's first request (which builds its HTTP client) came 0.31 s later than the ones
-# after it, so a window that starts on it looks that much shorter. A limiter that is not
-# shared by the workers, or none, overruns this by several requests a second.
+# Seconds: how much sooner than its place a request may seem to reach the server. The
+# server sees a request some time after its grant, and not always the same time: on a
+# loaded machine a process's first request (which builds its HTTP client) came 0.31 s
+# later than the ones after it, so a window that starts on it looks that much shorter.
+# A limiter that the workers do not share, or none, overruns this by several a second.
 JITTER = 0.6
 
 

@@ -115,7 +115,8 @@ def test_eight_half_second_reads_overlap(harness: Harness) -> None:
     assert [t[1] for t in tools] == [str(i * 10) for i in range(8)]
     # One after another they would take 4 s.
     assert took < 3.0, f"took {took:.2f}s"
-    # The reads themselves overlapped: all eight began before the first could have ended.
+    # The reads themselves overlapped: one after another, the last would begin 3.5 s after
+    # the first.
     journal = {j["step"]: j for j in harness.store.journal(run.run_id)}
     starts = [journal[f"tool:call_{i}"]["started_at"] for i in range(1, 9)]
     spread = (max(starts) - min(starts)).total_seconds()
