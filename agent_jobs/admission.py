@@ -164,12 +164,10 @@ def interrupt(conn: Connection, request: RunRequest, run_id: str) -> list[str]:
     the runs asked, none when the run exists already (a request sent again)."""
     if run_rows.get_run(conn, run_id) is not None:
         return []
-    # The runs' rows are locked before the thread's, as every cancel takes them (its event
-    # then takes the thread's): the thread's lock comes after, when the run is placed.
-    stopped: list[str] = []
-    for row in places.thread_runs(conn, request.thread_id or run_id, lock=False):
-        stopped += session.request_cancel(conn, row.id, "user")
-    return stopped
+    # Every run's row is locked before the thread's, as a pass and a queued run's entry
+    # take them (the cancels' events take the thread's): the thread's lock comes after.
+    rows = places.thread_runs(conn, request.thread_id or run_id, lock=False)
+    return session.request_cancels(conn, [row.id for row in rows], "user")
 
 
 # --- a queued run begins ----------------------------------------------------------------

@@ -243,19 +243,33 @@ def request_cancel(
     conn: Connection, run_id: str, cause: str, *, keep_inbox: bool = False
 ) -> list[str]:
     """Record a cancel for the run and its unfinished children; returns their ids."""
+    return request_cancels(conn, [run_id], cause, keep_inbox=keep_inbox)
+
+
+def request_cancels(
+    conn: Connection, run_ids: Sequence[str], cause: str, *, keep_inbox: bool = False
+) -> list[str]:
+    """`request_cancel` of several runs at once (a thread's, oldest first).
+
+    Every run's row is taken before any thread's (which the cancels' events take), the
+    order a pass and a queued run's entry take them in: a cancel that took a thread's row
+    and then waited for a second run of the thread deadlocked with that run's entry.
+    """
     if cause not in CANCEL_CAUSES:
         raise InvalidRequestError(f"cause must be one of {', '.join(CANCEL_CAUSES)}, not {cause!r}")
-    run = run_rows.get_run(conn, run_id)
-    if run is None:
-        raise UnknownRunError(run_id)
     affected: list[str] = []
-    for index, target in enumerate(run_rows.run_tree_ids(conn, run_id)):
-        own_cause = cause if index == 0 else "parent"
-        thread_id = run_rows.record_cancel(conn, target, own_cause, keep_inbox=keep_inbox)
-        if thread_id is not None:
-            stopping = {"cause": own_cause, "keep_inbox": keep_inbox}
-            event_rows.append(conn, [(thread_id, target, "turn/stopping", stopping)])
-            affected.append(target)
+    stopping: list[event_rows.PendingEvent] = []
+    for run_id in run_ids:
+        if run_rows.get_run(conn, run_id) is None:
+            raise UnknownRunError(run_id)
+        for index, target in enumerate(run_rows.run_tree_ids(conn, run_id)):
+            own_cause = cause if index == 0 else "parent"
+            thread_id = run_rows.record_cancel(conn, target, own_cause, keep_inbox=keep_inbox)
+            if thread_id is not None:
+                data = {"cause": own_cause, "keep_inbox": keep_inbox}
+                stopping.append((thread_id, target, "turn/stopping", data))
+                affected.append(target)
+    event_rows.append(conn, stopping)
     return affected
 
 

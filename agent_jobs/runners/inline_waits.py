@@ -75,6 +75,7 @@ class HumanWaits:
                 self._park(conn, described)
         else:
             with store.begin() as conn:
+                self._lock(conn)
                 described = self._requested(conn, wait)
                 self._journal_wait(conn, described)
                 self._park(conn, described)
@@ -95,6 +96,7 @@ class HumanWaits:
         described = waits.answers(wait)
         future: Future[dict[str, Any]] = self.runner._pending_future(run_id, wait.request_id)
         with store.begin() as conn:
+            self._lock(conn)
             waits.ask(conn, run_id, wait)
             self._journal_wait(conn, described)
             self._park(conn, described)
@@ -120,6 +122,12 @@ class HumanWaits:
             intent=wait.intent,
             state="waiting",
         )
+
+    def _lock(self, conn: Connection) -> None:
+        """The run's row first, as a person's decision or answers take it before the call's
+        or the question's row: a request written first, then the run parked, deadlocked
+        with a decision that came in between."""
+        run_rows.lock_and_touch(conn, self.run.run_id)
 
     def _park(self, conn: Connection, wait: waits.HumanWait) -> None:
         run_rows.set_status(conn, self.run.run_id, wait.status, waiting_on=wait.label)
