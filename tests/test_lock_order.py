@@ -26,6 +26,7 @@ from agent_jobs.store import runs as run_rows
 from . import apps
 from .apps import executed
 from .conftest import truncate_all
+from .harness import InlineHarness
 
 
 @pytest.fixture
@@ -76,14 +77,6 @@ class Outcome:
         if self.error is not None:
             raise self.error
         return self.value
-
-
-def wait_status(store: Store, run_id: str, status: str) -> RunView:
-    deadline = time.monotonic() + 30
-    while (run := store.get_run(run_id)).status != status:
-        assert time.monotonic() < deadline, run
-        time.sleep(0.02)
-    return run
 
 
 def waits_for_a_lock(store: Store, pid: int | None = None, timeout: float = 10) -> bool:
@@ -140,7 +133,7 @@ def test_an_interrupt_while_a_queued_run_of_the_thread_looks_at_it(
     the queued run's, and deadlocked with an entry that had taken the queued run's row."""
     store = runner.store
     first = runner.start("gated", "one", actor="user-7")
-    thread_id = wait_status(store, first, "awaiting_approval").thread_id
+    thread_id = InlineHarness(runner).wait_status(first, "awaiting_approval").thread_id
     second = runner.start("gated", "two", actor="user-7", thread_id=thread_id)
     assert store.get_run(second).status == "queued"
 
@@ -184,6 +177,6 @@ def test_an_interrupt_while_a_queued_run_of_the_thread_looks_at_it(
     entered.result()  # it stays queued, or goes on once the cancelled turns ended
     assert runner.wait(first, timeout=30).status == "cancelled"
     assert runner.wait(second, timeout=30).status == "cancelled"
-    assert wait_status(store, third_id, "awaiting_approval").thread_id == thread_id
+    assert InlineHarness(runner).wait_status(third_id, "awaiting_approval").thread_id == thread_id
     runner.cancel(third_id)  # nothing left running when the test's database goes
     assert runner.wait(third_id, timeout=30).status == "cancelled"

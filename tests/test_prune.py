@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +39,7 @@ from agent_jobs.store.schema import (
 )
 from agent_jobs.streams.base import stream_key
 
+from .harness import InlineHarness
 from .helpers import add_run, support_app
 from .redis_server import free_port
 
@@ -92,14 +92,6 @@ def finished(runner: InlineRunner, **kwargs: Any) -> str:
     run_id = runner.start("support", "Where are orders 42 and 7?", actor="user-7", **kwargs)
     assert runner.wait(run_id, timeout=30).status == "completed"
     return run_id
-
-
-def parked(runner: InlineRunner, run_id: str) -> None:
-    """Once the run waits for its approval (within 30 s: a loaded machine is slow)."""
-    deadline = time.monotonic() + 30
-    while runner.store.get_run(run_id).status != "awaiting_approval":
-        assert time.monotonic() < deadline, runner.store.get_run(run_id)
-        time.sleep(0.02)
 
 
 def ended_days_ago(store: Store, run_id: str, days: float) -> None:
@@ -162,7 +154,7 @@ def test_a_prune_removes_old_runs_payloads_and_keeps_their_records(
     also_old = finished(runner)
     recent = finished(runner, thread_id=old)  # the old run's thread goes on
     waiting = runner.start("refunder", "refund 42", actor="user-7")
-    parked(runner, waiting)
+    InlineHarness(runner).wait_status(waiting, "awaiting_approval")
     deliver_all(store)
     for run_id in (old, also_old):
         ended_days_ago(store, run_id, DAYS + 10)
@@ -271,7 +263,7 @@ def test_a_delegated_run_stays_while_its_top_level_run_is_unfinished(
 ) -> None:
     child = finished(runner)
     waiting = runner.start("refunder", "refund 42", actor="user-7")
-    parked(runner, waiting)
+    InlineHarness(runner).wait_status(waiting, "awaiting_approval")
     with store.begin() as conn:
         conn.execute(update(runs).where(runs.c.id == child).values(root_run_id=waiting))
     ended_days_ago(store, child, DAYS + 1)

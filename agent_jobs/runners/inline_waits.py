@@ -72,6 +72,7 @@ class HumanWaits:
                 self._complete(described, waits.decision_result(decided))
                 return decided
             with store.begin() as conn:
+                self._lock(conn)
                 self._park(conn, described)
         else:
             with store.begin() as conn:
@@ -130,7 +131,8 @@ class HumanWaits:
         run_rows.lock_and_touch(conn, self.run.run_id)
 
     def _park(self, conn: Connection, wait: waits.HumanWait) -> None:
-        run_rows.set_status(conn, self.run.run_id, wait.status, waiting_on=wait.label)
+        """Under the run's lock (`_lock`)."""
+        run_rows.note_status(conn, self.run.run_id, wait.status, waiting_on=wait.label)
 
     def _announce(self, frames: tuple[waits.FrameSpec, ...]) -> None:
         self.stream.emit_many(list(frames))
