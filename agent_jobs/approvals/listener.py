@@ -386,7 +386,7 @@ class ApprovalsListener:
     def _pubsub_loop(self) -> None:
         """Keep the channel subscribed. A lost subscription is restored at once, since
         whatever is published meanwhile is gone; only failing attempts back off."""
-        pubsub = self.subscriber.pubsub()  # type: ignore[no-untyped-call]
+        pubsub = self.subscriber.pubsub()
         asked = False  # once SUBSCRIBE went out, redis-py repeats it on every reconnect
         lost = False
         backoff = 0.0
