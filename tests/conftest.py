@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,17 +12,9 @@ from sqlalchemy import create_engine, text
 
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
-
-from .redis_server import RedisServer
-from .workers import TEST_POOLS, use_pool
-
-# A queue of this test session's own for the shared and crash-test workers: two pytest
-# runs on one machine's Redis never take each other's tasks.
-SESSION_QUEUE = f"agent_jobs_test_{uuid.uuid4().hex[:8]}"
-
-PG_ADMIN_URL = os.environ.get(
-    "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
+from tests.support.redis_server import RedisServer
+from tests.support.services import PG_ADMIN_URL, SESSION_QUEUE, truncate_all
+from tests.support.workers import TEST_POOLS, use_pool
 
 
 @pytest.fixture(scope="session")
@@ -58,19 +49,6 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'agent_jobs.db'}"
     return str(request.getfixturevalue("pg_url"))
-
-
-def truncate_all(store: Store) -> None:
-    """Empty every table so a test starts from a clean database."""
-    from agent_jobs.store.schema import metadata
-
-    with store.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
-            conn.execute(text(f"TRUNCATE {names}"))
-        else:
-            for table in reversed(metadata.sorted_tables):
-                conn.execute(table.delete())
 
 
 @pytest.fixture
@@ -123,7 +101,7 @@ def _queue_of(pool: str) -> str:
 def shared_workers(pg_url: str, durable_broker: str) -> Iterator[Callable[[str], object]]:
     """Eight worker processes on a pool, shared by the durable scenario tests: started
     when a test first needs them, and kept for the session."""
-    from .workers import Process, service_env, start_worker
+    from tests.support.workers import Process, service_env, start_worker
 
     started: dict[str, Process] = {}
 
@@ -151,9 +129,8 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
     from agent_jobs.dispatch import CeleryDispatcher, celery_client
     from agent_jobs.settings import Settings
     from agent_jobs.streams.redis_streams import RedisStreams
-
-    from . import apps
-    from .harness import DurableHarness, InlineHarness
+    from tests.support import apps
+    from tests.support.harness import DurableHarness, InlineHarness
 
     store = Store.from_url(pg_url)
     try:
@@ -232,7 +209,7 @@ def cluster(
 ) -> Iterator[object]:
     """Workers and beat of the test's own, on a `redis-server` of its own: crash tests
     kill the workers, flush the broker and restart it. It runs on each pool."""
-    from .cluster import Cluster
+    from tests.support.cluster import Cluster
 
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
     server = RedisServer().start()

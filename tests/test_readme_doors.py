@@ -13,8 +13,7 @@ import pytest
 import redis
 
 from agent_jobs.approvals.messages import ApprovalMessage, parse_message
-
-from .doors_helpers import claim_db
+from tests.support.doors import claim_db
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

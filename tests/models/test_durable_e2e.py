@@ -33,8 +33,8 @@ from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.streams.base import stream_key
 from agent_jobs.streams.text import assemble_text, is_attempt_marker
-from tests.conftest import truncate_all
-from tests.workers import ROOT, Process, service_env, start_beat, worker
+from tests.support.services import truncate_all
+from tests.support.workers import ROOT, Process, service_env, start_beat, worker
 
 HERE = Path(__file__).resolve().parent
 E2E_BROKER_DB = 13

@@ -43,9 +43,9 @@ from agent_jobs.settings import Settings
 from agent_jobs.store import RunView, Store
 from agent_jobs.store import journal as journal_rows
 from agent_jobs.store.db import make_engine, upgrade
-from tests import apps
-from tests.redis_server import RedisServer
-from tests.workers import Process, service_env, start_worker
+from tests.support import apps
+from tests.support.redis_server import RedisServer
+from tests.support.workers import Process, service_env, start_worker
 
 JOURNALS = Path(__file__).resolve().parent / "journals"
 PG_ADMIN_URL = os.environ.get(

@@ -37,7 +37,7 @@ from agent_jobs.settings import Settings
 from agent_jobs.store import RunView
 from agent_jobs.store.model_requests import expand
 from agent_jobs.streams.base import MemoryStreams, RunStream
-from tests import apps
+from tests.support import apps
 
 from .test_loop import RecordingHooks
 

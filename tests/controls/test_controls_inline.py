@@ -1,0 +1,177 @@
+"""Operator controls on the inline runner (Postgres): a run it drives pauses at its next
+step boundary and resumes, in this process or from another (`Client`, as `agent-jobs
+resume` records it); a run that failed on a step is retried here; any run is forked."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_jobs import InlineRunner
+from agent_jobs.client import Client
+from agent_jobs.controls import Again
+from agent_jobs.documents import run_document
+from agent_jobs.errors import ControlRefusedError, InvalidRequestError
+from agent_jobs.settings import Settings
+from agent_jobs.store import RunView, Store
+from tests.support.apps import controls as controls_apps
+from tests.support.apps import executed
+from tests.support.services import truncate_all
+
+
+class Inline:
+    def __init__(self, store: Store, gates: Path) -> None:
+        self.store = store
+        self.gates = gates
+        self.runner = InlineRunner(
+            controls_apps.app, store, settings=Settings(), poll_interval=0.05
+        )
+        # Another process's doors: they record in the database alone.
+        self.elsewhere = Client(store, controls_apps.app, Settings())
+
+    def wait_for(self, check: Any, what: str, timeout: float = 20) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (found := check()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+        return found
+
+    def wait_status(self, run_id: str, status: str) -> RunView:
+        def reached() -> RunView | None:
+            run = self.store.get_run(run_id)
+            assert run.status == status or not run.finished, f"{run.status}: {run.error}"
+            return run if run.status == status else None
+
+        found: RunView = self.wait_for(reached, f"{run_id} to be {status}")
+        return found
+
+    def controls(self, run_id: str) -> list[tuple[str, str]]:
+        doc = run_document(self.store, self.store.get_run(run_id))
+        return [(c["event"], c["by"]) for c in doc["controls"]]
+
+
+@pytest.fixture
+def inline(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Inline]:
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)  # where the executions are counted
+    monkeypatch.setenv("TEST_GATE_DIR", str(tmp_path))
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    yield Inline(store, tmp_path)
+    store.engine.dispose()
+
+
+def ran(run_id: str) -> list[str]:
+    return [what for what, _ in executed(run_id)]
+
+
+@pytest.mark.parametrize("resumer", ["here", "elsewhere"])
+def test_a_run_driven_here_pauses_at_its_next_boundary_and_resumes(
+    inline: Inline, resumer: str
+) -> None:
+    runner = inline.runner
+    run_id = runner.start("pausable", "go", actor="user-7")
+    inline.wait_for(lambda: "crawl:start" in ran(run_id), "the slow read to start")
+    pauser = runner if resumer == "here" else inline.elsewhere
+    assert pauser.pause(run_id, actor="alice") == [run_id]
+    assert inline.store.get_run(run_id).status == "running"  # the read is still running
+
+    run = inline.wait_status(run_id, "paused")
+    assert run.waiting_on == "paused by alice"
+    time.sleep(0.5)
+    assert ran(run_id) == ["model", "crawl:start", "crawl"]  # nothing more ran
+    assert [row["step"] for row in inline.store.journal(run_id)][-1] == "tool:call_1"
+
+    assert pauser.resume(run_id, actor="backend") == [run_id]
+    run = runner.wait(run_id, timeout=20)
+    assert run.status == "completed" and run.output == "all crawled"
+    assert run.waiting_on is None
+    assert ran(run_id).count("model") == 3
+    assert inline.controls(run_id) == [
+        ("run/pause", "alice"),
+        ("run/paused", "alice"),
+        ("run/resume", "backend"),
+    ]
+    statuses = [f for f in runner.frames(run_id) if f["type"] == "status"]
+    assert {"type": "status", "run_id": run_id, "status": "paused", "by": "alice"} in statuses
+    assert {"type": "status", "run_id": run_id, "status": "running", "resumed_by": "backend"} in (
+        statuses
+    )
+
+
+def test_a_paused_run_that_is_cancelled_stops_there(inline: Inline) -> None:
+    runner = inline.runner
+    run_id = runner.start("pausable", "go", actor="user-7")
+    inline.wait_for(lambda: "crawl:start" in ran(run_id), "the slow read to start")
+    runner.pause(run_id, actor="alice")
+    inline.wait_status(run_id, "paused")
+    runner.cancel(run_id)
+    run = runner.wait(run_id, timeout=20)
+    assert run.status == "cancelled" and ran(run_id).count("model") == 1
+
+
+def test_a_run_that_failed_on_a_step_is_retried_here_from_that_step(inline: Inline) -> None:
+    runner = inline.runner
+    run_id = runner.start("flaky", "go", actor="user-7")
+    run = runner.wait(run_id, timeout=20)
+    assert run.status == "failed" and run.error_type == "ModelError"
+    before = inline.store.journal(run_id)
+
+    (inline.gates / run_id).touch()
+    assert runner.retry(run_id, actor="alice").steps == ["model:2"]
+    run = runner.wait(run_id, timeout=20)
+    assert run.status == "completed" and run.output == "answered after all"
+    assert ran(run_id) == ["model", "peek", "model", "model"]  # model:2 ran once more
+    after = inline.store.journal(run_id)
+    assert after[: len(before)] == before  # the rows it had: read back, unchanged
+    assert [row["step"] for row in after[len(before) :]] == [
+        "model:2",
+        "usage:2",
+        "persist:assistant:2",
+        "persist:title",
+    ]
+    assert inline.controls(run_id) == [("run/retry", "alice")]
+    with pytest.raises(ControlRefusedError, match="only a run that failed"):
+        runner.retry(run_id, actor="alice")
+
+
+def test_a_run_that_failed_otherwise_is_not_retried(inline: Inline) -> None:
+    runner = inline.runner
+    run_id = runner.start("pausable", "go", actor="user-7")
+    runner.cancel(run_id)
+    assert runner.wait(run_id, timeout=20).status == "cancelled"
+    with pytest.raises(ControlRefusedError, match="cancelled"):
+        runner.retry(run_id, actor="alice")
+
+
+@pytest.mark.parametrize(
+    ("at", "reran"),
+    [("model:2", ["model", "charge", "model"]), ("tool:call_2", ["charge", "model"])],
+)
+def test_a_run_is_forked_here_at_a_model_or_a_tool_step(
+    inline: Inline, at: str, reran: list[str]
+) -> None:
+    runner = inline.runner
+    source = runner.start("forkable", "go", actor="user-7")
+    inline.wait_status(source, "awaiting_approval")
+    assert runner.signal(source, "call_2", "approve", actor="alice")
+    assert runner.wait(source, timeout=20).status == "completed"
+
+    forked = runner.fork(source, at, actor="alice")
+    assert forked.runs_again == [Again("tool:call_2", "charge", "call_2")]
+    if at == "model:2":  # the charge is asked for again
+        inline.wait_status(forked.run_id, "awaiting_approval")
+        assert runner.signal(forked.run_id, "call_2", "approve", actor="alice")
+    run = runner.wait(forked.run_id, timeout=20)
+    assert run.status == "completed" and run.output == "Order 42 charged."
+    assert run.thread_id != inline.store.get_run(source).thread_id
+    assert ran(forked.run_id) == reran
+    source_thread = inline.store.get_run(source).thread_id
+    assert inline.store.thread_messages(run.thread_id) == inline.store.thread_messages(
+        source_thread
+    )
+    with pytest.raises(InvalidRequestError, match="no step"):
+        runner.fork(source, "model:9", actor="alice")

@@ -1,0 +1,380 @@
+"""The HTTP API as a client meets it: `agent-jobs serve` with a real worker, over HTTP.
+
+Every refusal is checked for its status, its `{"error", "type"}` body, and for having
+changed nothing in the database.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.apps import executed
+from tests.support.apps.http import ANSWER
+from tests.support.doors import cli
+from tests.support.serve import TOKENS, Stack, assert_error, open_stack
+
+HTTP_BROKER_DB = 12
+MARKUP = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def stack(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("http")
+    with open_stack(pg_url, redis_url, HTTP_BROKER_DB, tmp, "serve-api") as made:
+        yield made
+
+
+def parked(stack: Stack, actor: str = "user-7", text: str = "refund it") -> tuple[str, str]:
+    """A support run waiting for a lead's decision on its refund: (run id, call id)."""
+    run_id = stack.start(actor, text=text)
+    stack.doors.wait_status(run_id, "awaiting_approval")
+    [call] = stack.doors.store.pending_calls(run_id)
+    return run_id, str(call["call_id"])
+
+
+# --- the service and the tokens ---------------------------------------------------------------
+
+
+def test_healthz_needs_no_token_and_the_openapi_document_needs_one(stack: Stack) -> None:
+    health = stack.call(None, "GET", "/healthz")
+    assert health.status_code == 200 and health.json() == {"ok": True}
+
+    assert_error(stack.call(None, "GET", "/openapi.json"), 401, "AuthenticationError")
+    document = stack.call("eve", "GET", "/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    assert {
+        "/v1/runs",
+        "/v1/runs/{run_id}",
+        "/v1/runs/{run_id}/stream",
+        "/v1/approvals",
+        "/v1/approvals/stream",
+        "/v1/runs/{run_id}/approvals/{call_id}",
+        "/v1/runs/{run_id}/answers/{request_id}",
+        "/v1/runs/{run_id}/messages",
+        "/v1/runs/{run_id}/cancel",
+        "/healthz",
+        "/openapi.json",
+    } <= set(document["paths"])
+    assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    started = document["paths"]["/v1/runs"]["post"]
+    assert {"201", "200", "401", "403", "422"} <= set(started["responses"])
+    me = stack.call("backend", "GET", "/v1/me").json()
+    assert me == {"actor": "backend", "roles": ["service"]}
+
+
+ROUTES = [
+    ("GET", "/v1/me"),
+    ("POST", "/v1/runs"),
+    ("GET", "/v1/runs/r1"),
+    ("GET", "/v1/runs/r1/stream"),
+    ("GET", "/v1/approvals"),
+    ("GET", "/v1/approvals/stream"),
+    ("POST", "/v1/runs/r1/approvals/call_1"),
+    ("POST", "/v1/runs/r1/answers/q"),
+    ("POST", "/v1/runs/r1/messages"),
+    ("POST", "/v1/runs/r1/cancel"),
+    ("GET", "/openapi.json"),
+    ("GET", "/v1/no-such-route"),
+]
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Bearer",
+        f"Basic {TOKENS['alice']}",
+        "Bearer not-a-token",
+        f"bearer {TOKENS['alice']}x",
+    ],
+)
+def test_every_route_but_healthz_refuses_a_missing_or_unknown_token(
+    stack: Stack, authorization: str | None
+) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    for method, path in ROUTES:
+        reply = stack.call(None, method, path, headers=headers, json={})
+        assert_error(reply, 401, "AuthenticationError")
+        assert reply.headers["www-authenticate"] == "Bearer"
+    # The scheme's name is not case-sensitive; the token is.
+    mixed_case = {"Authorization": f"bEaReR {TOKENS['eve']}"}
+    assert stack.call(None, "GET", "/v1/me", headers=mixed_case).status_code == 200
+
+
+def test_unknown_routes_methods_and_oversized_bodies_answer_in_the_error_shape(
+    stack: Stack,
+) -> None:
+    assert_error(stack.call("eve", "GET", "/v1/no-such-route"), 404, "NotFoundError")
+    assert_error(stack.call("eve", "GET", "/metrics"), 404, "NotFoundError")  # metrics off
+    assert_error(stack.call("eve", "DELETE", "/v1/approvals"), 405, "MethodNotAllowedError")
+    before = stack.written()
+    huge = {"agent": "chat", "input": "x" * (9 * 1024 * 1024)}
+    assert_error(stack.call("user-7", "POST", "/v1/runs", json=huge), 413, "PayloadTooLargeError")
+    chunks = iter([b'{"agent": "chat", ', b'"input": "in chunks"}'])  # no Content-Length
+    chunked = stack.call("user-7", "POST", "/v1/runs", content=chunks)
+    assert_error(chunked, 411, "LengthRequiredError")
+    assert stack.written() == before
+
+
+# --- starting runs ----------------------------------------------------------------------------
+
+
+def test_the_same_run_id_starts_one_run(stack: Stack) -> None:
+    body = {"agent": "chat", "input": "hello", "run_id": "http-idem-1", "metadata": {"ticket": 7}}
+    first = stack.call("user-7", "POST", "/v1/runs", json=body)
+    assert first.status_code == 201 and first.json() == {
+        "run_id": "http-idem-1",
+        "status": "queued",
+    }
+    stack.doors.wait_status("http-idem-1", "completed")
+
+    again = stack.call("user-7", "POST", "/v1/runs", json={**body, "input": "hello again"})
+    assert again.status_code == 200
+    assert again.json() == {"run_id": "http-idem-1", "status": "completed"}
+    run = stack.doors.store.get_run("http-idem-1")
+    assert (run.input, run.actor, run.metadata) == ("hello", "user-7", {"ticket": 7})
+    assert len(stack.doors.store.list_runs(thread_id="http-idem-1")) == 1
+    # Another actor's run id is not theirs to see: it is taken, and nothing else is said.
+    taken = stack.call("bob", "POST", "/v1/runs", json=body)
+    assert "taken" in assert_error(taken, 409, "ConflictError")
+    # Without a run_id, each request is a run of its own, the caller its actor.
+    one, two = (stack.start("bob", agent="chat") for _ in range(2))
+    assert one != two and stack.doors.store.get_run(one).actor == "bob"
+
+
+def test_a_service_may_start_runs_for_another_actor_no_one_else_may(stack: Stack) -> None:
+    before = stack.written()
+    body = {"agent": "chat", "input": "for bob", "actor": "bob"}
+    refused = stack.call("user-7", "POST", "/v1/runs", json=body)
+    assert "service" in assert_error(refused, 403, "PermissionDeniedError")
+    assert stack.written() == before
+
+    run_id = stack.call("backend", "POST", "/v1/runs", json=body).json()["run_id"]
+    assert stack.doors.store.get_run(run_id).actor == "bob"
+    # Naming oneself is no different from naming nobody.
+    mine = stack.call("user-7", "POST", "/v1/runs", json={**body, "actor": "user-7"})
+    assert mine.status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"agent": "chat"}, "input: Field required"),
+        ({"agent": "chat", "input": "   "}, "input"),
+        (
+            {"agent": "chat", "input": "x", "colour": "red"},
+            "colour: Extra inputs are not permitted",
+        ),
+        ({"agent": "nobody", "input": "x"}, "unknown agent 'nobody'"),
+        ({"agent": "chat", "input": "x", "persona": "pirate"}, "unknown persona 'pirate'"),
+        ({"agent": "chat", "input": "x", "run_id": "no spaces please"}, "run_id"),
+        ({"agent": "chat", "input": "x", "metadata": [1, 2]}, "metadata"),
+        ([{"agent": "chat", "input": "x"}], "(request)"),
+    ],
+)
+def test_a_bad_run_request_is_422_and_writes_nothing(stack: Stack, body: Any, says: str) -> None:
+    before = stack.written()
+    message = assert_error(stack.call("user-7", "POST", "/v1/runs", json=body), 422)
+    assert says in message
+    assert stack.written() == before
+
+
+def test_a_body_that_is_not_json_is_422(stack: Stack) -> None:
+    reply = stack.call(
+        "user-7",
+        "POST",
+        "/v1/runs",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    assert_error(reply, 422, "InvalidRequestError")
+
+
+# --- reading runs -----------------------------------------------------------------------------
+
+
+def test_a_run_reads_as_status_json_prints_it_for_those_who_may_read_it(stack: Stack) -> None:
+    run_id, _ = parked(stack)
+    shown = stack.call("user-7", "GET", f"/v1/runs/{run_id}")
+    assert shown.status_code == 200
+    printed = cli("status", run_id, "--json", env=stack.doors.env)
+    assert printed.returncode == 0, printed.stderr
+    assert shown.json() == json.loads(printed.stdout)
+    assert shown.json()["status"] == "awaiting_approval"
+    assert shown.json()["pending_calls"][0]["tool"] == "refund"
+
+    # A lead may decide its refund, so reads it; a service reads every run.
+    for reader in ("alice", "carol", "backend"):
+        assert stack.call(reader, "GET", f"/v1/runs/{run_id}").json() == shown.json()
+    # Anyone else is told there is no such run, exactly as for an id that does not exist.
+    for stranger in ("eve", "bob"):
+        hidden = assert_error(stack.call(stranger, "GET", f"/v1/runs/{run_id}"), 404)
+        missing = assert_error(stack.call(stranger, "GET", "/v1/runs/no-such-run"), 404)
+        assert hidden.replace(run_id, "X") == missing.replace("no-such-run", "X")
+    assert_error(stack.call("user-7", "GET", "/v1/runs/no-such-run"), 404, "UnknownRunError")
+
+
+# --- decisions ----------------------------------------------------------------------------
+
+
+def test_an_approval_through_the_api_releases_the_durable_run(stack: Stack) -> None:
+    run_id, call_id = parked(stack, text=f"refund {MARKUP}")
+    [listed] = stack.pending("alice", run_id)
+    request = next(f for _, f in stack.frames(run_id) if f["type"] == "approval_request")
+    assert listed == {
+        "run_id": run_id,
+        "call_id": call_id,
+        "tool": "refund",
+        "args": {"order_id": "42", "amount": 5, "note": f"refund {MARKUP}"},
+        "args_sha256": request["args_sha256"],
+        "actor": "user-7",
+        "agent": "support",
+        "requested_at": listed["requested_at"],
+        "deadline": None,  # the tool has no approval_timeout
+        "escalated": False,
+    }
+    # Only those whose roles may decide it see it.
+    assert stack.pending("carol", run_id) and not stack.pending("user-7", run_id)
+    assert not stack.pending("eve", run_id) and not stack.pending("backend", run_id)
+
+    path = f"/v1/runs/{run_id}/approvals/{call_id}"
+    before = stack.doors.snapshot(run_id)
+    refusals = [
+        ("user-7", {"decision": "approve"}, 403),  # may read the run, may not decide
+        ("eve", {"decision": "approve"}, 404),  # may not even see it
+        ("alice", {"decision": "maybe"}, 422),
+        ("alice", {"decision": "approve", "why": "extra"}, 422),
+        ("alice", {"decision": "approve", "args_sha256": "abc"}, 422),
+        ("alice", {"decision": "approve", "args_sha256": "0" * 64}, 409),  # other arguments
+    ]
+    for actor, body, status in refusals:
+        assert_error(stack.call(actor, "POST", path, json=body), status)
+    assert_error(
+        stack.call(
+            "alice", "POST", f"/v1/runs/{run_id}/approvals/call_9", json={"decision": "approve"}
+        ),
+        404,
+        "UnknownCallError",
+    )
+    assert stack.doors.snapshot(run_id) == before
+    assert stack.doors.store.get_run(run_id).status == "awaiting_approval"
+
+    body = {"decision": "approve", "reason": "fine", "args_sha256": listed["args_sha256"]}
+    decided = stack.call("alice", "POST", path, json=body)
+    assert decided.status_code == 200 and decided.json() == {"recorded": True}
+    stack.doors.wait_status(run_id, "completed")
+    assert stack.doors.store.get_run(run_id).output == ANSWER
+    call = stack.doors.store.tool_call(run_id, call_id)
+    assert call is not None and (call["decided_by"], call["decision_reason"]) == ("alice", "fine")
+    assert executed(run_id).count(("refund", f"{run_id}:tool:{call_id}")) == 1
+    # The first decision won; the next is refused and changes nothing.
+    again = stack.call("carol", "POST", path, json={"decision": "reject"})
+    assert "already decided" in assert_error(again, 409, "ConflictError")
+    assert not stack.pending("alice", run_id)
+
+
+def test_a_call_of_a_run_that_ended_cannot_be_decided(stack: Stack) -> None:
+    run_id, call_id = parked(stack)
+    assert_error(stack.call("alice", "POST", f"/v1/runs/{run_id}/cancel"), 403)
+    cancelled = stack.call("user-7", "POST", f"/v1/runs/{run_id}/cancel", json={})
+    assert cancelled.status_code == 202 and cancelled.json() == {"cancelling": [run_id]}
+    stack.doors.wait_status(run_id, "cancelled")
+    before = stack.doors.snapshot(run_id)
+    ended = stack.call(
+        "alice", "POST", f"/v1/runs/{run_id}/approvals/{call_id}", json={"decision": "approve"}
+    )
+    assert "has ended" in assert_error(ended, 409, "ConflictError")
+    assert stack.doors.snapshot(run_id) == before
+    assert not stack.pending("alice", run_id)
+    # Cancelling what has ended is accepted and asks nothing of anyone.
+    again = stack.call("backend", "POST", f"/v1/runs/{run_id}/cancel", json={"keep_inbox": True})
+    assert again.status_code == 202 and again.json() == {"cancelling": []}
+    assert_error(stack.call("user-7", "POST", f"/v1/runs/{run_id}/cancel", json={"keep": 1}), 422)
+
+
+def test_questions_are_answered_through_the_api(stack: Stack) -> None:
+    run_id = stack.start("user-7", agent="planner", text="book me")
+    stack.doors.wait_status(run_id, "awaiting_answers")
+    inbox = stack.call("user-7", "GET", "/v1/approvals").json()
+    [asked] = [q for q in inbox["questions"] if q["run_id"] == run_id]
+    assert asked["tool"] == "schedule" and asked["actor"] == "user-7"
+    assert [q["question"] for q in asked["questions"]] == [
+        "Which day suits you?",
+        "Morning or afternoon?",
+    ]
+    served = stack.call("backend", "GET", "/v1/approvals").json()["questions"]
+    assert any(q["run_id"] == run_id for q in served)
+    assert not any(
+        q["run_id"] == run_id
+        for q in stack.call("alice", "GET", "/v1/approvals").json()["questions"]
+    )
+
+    path = f"/v1/runs/{run_id}/answers/{asked['request_id']}"
+    before = stack.doors.snapshot(run_id)
+    assert_error(
+        stack.call("eve", "POST", path, json={"answers": {"q1": "Tuesday", "q2": "Morning"}}), 404
+    )
+    assert_error(stack.call("user-7", "POST", path, json={"answers": {"q1": "Tuesday"}}), 422)
+    assert_error(
+        stack.call("user-7", "POST", path, json={"answers": {"q1": "Tuesday", "q2": 2}}), 422
+    )
+    assert_error(
+        stack.call(
+            "user-7", "POST", f"/v1/runs/{run_id}/answers/nope", json={"answers": {"q1": "x"}}
+        ),
+        404,
+        "NotFoundError",
+    )
+    assert stack.doors.snapshot(run_id) == before
+
+    answers = {"answers": {"q1": "Tuesday", "q2": "Morning"}}
+    assert stack.call("user-7", "POST", path, json=answers).json() == {"recorded": True}
+    stack.doors.wait_status(run_id, "completed")
+    assert assert_error(stack.call("backend", "POST", path, json=answers), 409)
+    results = [c["result"] for c in stack.doors.store.tool_calls(run_id)]
+    assert results == ["a call booked for Tuesday (Morning)"]
+
+
+def test_messages_steer_a_run_its_actor_owns(stack: Stack) -> None:
+    run_id, _ = parked(stack)
+    path = f"/v1/runs/{run_id}/messages"
+    before = stack.doors.snapshot(run_id)
+    assert_error(
+        stack.call("alice", "POST", path, json={"text": "hi"}), 403, "PermissionDeniedError"
+    )
+    assert_error(stack.call("eve", "POST", path, json={"text": "hi"}), 404)
+    assert_error(stack.call("user-7", "POST", path, json={"text": "hi", "when": "later"}), 422)
+    assert_error(stack.call("user-7", "POST", path, json={"text": ""}), 422)
+    assert stack.doors.snapshot(run_id) == before
+
+    queued = stack.call("user-7", "POST", path, json={"text": "also check 7", "when": "next-step"})
+    assert queued.status_code == 202 and queued.json() == {"thread_id": run_id}
+    spliced = [e for e in stack.doors.client.events(run_id) if e.type == "agent/inbox/spliced"]
+    assert "also check 7" in json.dumps([e.data for e in spliced])
+    nxt = stack.call("backend", "POST", path, json={"text": "then order 7", "when": "next-turn"})
+    assert nxt.status_code == 202
+
+
+def test_no_token_is_ever_logged(stack: Stack) -> None:
+    stack.call("alice", "GET", "/v1/approvals")
+    log = stack.api.log()
+    assert "GET /v1/approvals" in log  # the access log is there…
+    for token in TOKENS.values():
+        assert token not in log  # …and no token in it
+    assert all(token not in " ".join(stack.api.proc.args) for token in TOKENS.values())
+
+
+def test_a_rejection_through_the_api_goes_back_to_the_model(stack: Stack) -> None:
+    run_id, call_id = parked(stack)
+    body = {"decision": "reject", "reason": "not this one"}
+    assert stack.call(
+        "carol", "POST", f"/v1/runs/{run_id}/approvals/{call_id}", json=body
+    ).json() == {"recorded": True}
+    stack.doors.wait_status(run_id, "completed")
+    call = stack.doors.store.tool_call(run_id, call_id)
+    assert call is not None and call["status"] == "rejected"
+    assert not [what for what, _ in executed(run_id) if what == "refund"]

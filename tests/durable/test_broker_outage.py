@@ -1,0 +1,131 @@
+"""Redis goes away and comes back: no run fails for it, no worker dies of it.
+
+Each test runs on a `redis-server` of its own, stopped and started again at will; none
+starts beat, so what recovers the runs here is not the sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from agent_jobs.dispatch import CeleryDispatcher, celery_client
+from agent_jobs.leases import Leases
+from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runs import RunRequest
+from agent_jobs.settings import Settings
+from agent_jobs.streams.redis_streams import RedisStreams
+from tests.support import apps
+from tests.support.cluster import Cluster
+from tests.support.redis_server import RedisServer
+from tests.support.services import SESSION_QUEUE
+
+
+def test_a_worker_survives_redis_restarts_with_a_step_in_flight(cluster: Cluster) -> None:
+    # kombu closed the channel twice when the connection dropped while a message was
+    # unacknowledged and a BRPOP in flight: "Unrecoverable error", the worker gone.
+    worker = cluster.worker(concurrency=2)
+    for _ in range(6):
+        run_id = cluster.client.enqueue_run("crashy", "go", actor="user-7")
+        cluster.wait_step(run_id, "model:1", "started")
+        time.sleep(0.3)  # the model streams: one task running, the queue empty
+        cluster.redis.restart()
+        time.sleep(1.0)
+        assert worker.running, worker.log()[-4000:]
+        # The step that ran through the restart went on to its end and moved its run
+        # on: nothing waited for the sweep (there is none here).
+        run = cluster.wait(run_id, timeout=30)
+        assert run.status == "completed" and run.output == "survived", run
+        assert apps.executed(run_id).count(("model", "model:1")) == 1
+    assert "Unrecoverable error" not in worker.log()
+
+
+def test_an_outage_between_steps_delays_the_run_and_never_fails_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Every step crosses the broker here (see the next test for the fast path).
+    cluster.worker(concurrency=2, TEST_GATE_DIR=str(tmp_path), AGENT_JOBS_EAGER_STEPS="false")
+    run_id = cluster.client.enqueue_run("gated_by_file", "go", actor="user-7")
+    cluster.wait_step(run_id, "tool:call_1", "started")
+    cluster.redis.stop()
+    (tmp_path / run_id).touch()  # the tool ends while Redis is down; its result commits
+    cluster.wait_step(run_id, "tool:call_1", "done")
+    cluster.wait_step(run_id, "model:2", "scheduled")
+    time.sleep(1.5)  # the send of model:2 fails, and fails again
+    run = cluster.store.get_run(run_id)
+    assert run.status == "running", run
+    cluster.redis.start()
+    run = cluster.wait(run_id, timeout=30)
+    assert run.status == "completed" and run.output == "through the gate"
+
+
+def test_on_the_fast_path_an_outage_between_steps_does_not_stop_the_run(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The step a pass keeps is claimed in its journal row, not in Redis: the chain goes
+    # on through the outage (only the live frames of those steps are lost).
+    cluster.worker(concurrency=2, TEST_GATE_DIR=str(tmp_path))
+    run_id = cluster.client.enqueue_run("gated_by_file", "go", actor="user-7")
+    cluster.wait_step(run_id, "tool:call_1", "started")
+    cluster.redis.stop()
+    try:
+        (tmp_path / run_id).touch()
+        deadline = time.monotonic() + 30
+        while (run := cluster.store.get_run(run_id)).status == "running":
+            assert time.monotonic() < deadline, run
+            time.sleep(0.05)
+        assert run.status == "completed" and run.output == "through the gate"
+        journal = {j["step"]: j for j in cluster.store.journal(run_id)}
+        assert journal["model:2"]["attempts"] == journal["model:3"]["attempts"] == 1
+    finally:
+        cluster.redis.start()
+
+
+def test_a_send_the_broker_refuses_after_the_commit_is_sent_once_it_is_back(
+    pg_url: str, redis_url: str, monkeypatch: Any
+) -> None:
+    from tests.support.services import truncate_all
+
+    monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
+    broker = RedisServer().start()
+    streams = RedisStreams.from_url(redis_url)
+    celery = celery_client(broker.url(0), SESSION_QUEUE)
+    from agent_jobs.store import Store
+
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    runner = DurableRunner(
+        apps.app,
+        store,
+        CeleryDispatcher(celery),
+        streams,
+        Settings(database_url=pg_url),
+        Leases(streams.client),
+    )
+    try:
+        runner.create(RunRequest(agent="w1", input="go", actor="user-7"), "refused-send")
+        broker.stop()
+        outcome = runner.coordinate("refused-send")
+        assert outcome == "waiting model:1"
+        run = store.get_run("refused-send")
+        assert run.status == "running" and run.error is None
+        assert {j["step"]: j["state"] for j in store.journal("refused-send")}["model:1"] == (
+            "scheduled"
+        )
+        assert runner.dispatcher.kept == 1
+        broker.start()
+        deadline = time.monotonic() + 15
+        while runner.dispatcher.kept:
+            assert time.monotonic() < deadline, "the kept send never went out"
+            time.sleep(0.05)
+        queued = redis.Redis.from_url(broker.url(0))
+        assert queued.llen(SESSION_QUEUE) == 1
+        queued.close()
+    finally:
+        celery.close()
+        streams.client.close()
+        store.engine.dispose()
+        broker.close()

@@ -1,0 +1,220 @@
+"""A model step under a provider's rate limit, in this process: on the durable runner it
+is deferred before it counts as an attempt (its row held back, the step sent with a
+countdown, its place kept for when it comes back); the inline runner waits on the run's
+own thread, and a 429's pause holds back every run of the process.
+
+Real Postgres and Redis; the models are scripted (named as a provider's)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_jobs import AgentApp, InlineRunner, ScriptedModel, Store
+from agent_jobs.dispatch import MODEL_TURN
+from agent_jobs.errors import Deferred, ModelError
+from agent_jobs.leases import Leases
+from agent_jobs.messages import ModelRequest, ModelResponse
+from agent_jobs.models.base import DeltaSink
+from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runs import RunRequest
+from agent_jobs.settings import Settings
+from agent_jobs.store.db import utcnow
+from agent_jobs.streams.redis_streams import RedisStreams
+from tests.support.services import truncate_all
+
+
+class Timed(ScriptedModel):
+    """A scripted model that notes when each call reached it; with `refuse`, the calls
+    numbered so are answered 429 with that Retry-After."""
+
+    def __init__(self, name: str, refuse: dict[int, float] | None = None) -> None:
+        super().__init__([{"text": "answered"}], name=name)
+        self.calls: list[float] = []
+        self.refuse = refuse or {}
+        self.lock = threading.Lock()
+
+    def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        with self.lock:
+            self.calls.append(time.monotonic())
+            number = len(self.calls)
+        if number in self.refuse:
+            raise ModelError("HTTP 429", kind="rate_limit", retry_after=self.refuse[number])
+        return super().run_turn(request, sink)
+
+
+class Sent:
+    """A dispatcher that remembers the steps it was asked to send, with their countdown."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, float | None]] = []
+
+    def coordinate(self, run_id: str, *, countdown: float | None = None) -> None:
+        pass
+
+    def steps(
+        self, run_id: str, steps: Sequence[tuple[str, str]], *, countdown: float | None = None
+    ) -> None:
+        self.sent.extend((run_id, step, countdown) for _, step in steps)
+
+
+# Seconds between two requests of the durable fixture's model: long enough that a pass
+# slowed by a loaded machine still finds the next place ahead of it.
+INTERVAL = 3.0
+
+
+def _name() -> str:
+    return f"openai:test-{uuid.uuid4().hex[:8]}"  # a bucket of the test's own
+
+
+@pytest.fixture
+def durable(pg_url: str, redis_url: str) -> Iterator[tuple[DurableRunner, Sent]]:
+    """The durable runner in this process: one request every `INTERVAL` seconds for its
+    model (a key of the test's own)."""
+    name = _name()
+    app = AgentApp()
+    app.agent("limited", model=Timed(name))
+    store = Store.from_url(pg_url)
+    truncate_all(store)
+    streams = RedisStreams.from_url(redis_url)
+    sent = Sent()
+    limits = {name: {"requests_per_minute": 60 / INTERVAL}}
+    settings = Settings(database_url=pg_url, rate_limits=limits)
+    runner = DurableRunner(app, store, sent, streams, settings, Leases(streams.client))
+    try:
+        yield runner, sent
+    finally:
+        streams.client.close()
+        store.engine.dispose()
+
+
+def _row(runner: DurableRunner, run_id: str, step: str = "model:1") -> dict[str, Any]:
+    return next(j for j in runner.store.journal(run_id) if j["step"] == step)
+
+
+def test_a_model_step_with_no_capacity_is_deferred_and_makes_no_attempt(
+    durable: tuple[DurableRunner, Sent],
+) -> None:
+    runner, sent = durable
+    first, second = (f"limited-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for run_id in (first, second):
+        runner.create(RunRequest(agent="limited", input="hi", actor="user-7"), run_id)
+    model = runner.app.get_agent("limited").model
+    assert isinstance(model, Timed)
+    runner.continue_run(first)  # its call went at once, in the chain the pass began
+    assert runner.store.get_run(first).status == "completed" and sent.sent == []
+    deferred_at = utcnow()
+    runner.continue_run(second)  # its call waits for the next place, INTERVAL after
+    waited = time.monotonic() - model.calls[0]  # at most this much of it has gone by
+    [(run_id, step, countdown)] = sent.sent
+    assert (run_id, step) == (second, "model:1") and countdown is not None
+    assert INTERVAL - waited - 0.1 <= countdown <= INTERVAL + 0.01, (countdown, waited)
+    row = _row(runner, second)
+    # Held back until then; the pass's claim given back with the attempt it counted:
+    # whoever is sent the step takes it as its first attempt.
+    assert (row["state"], row["holder"], row["attempts"]) == ("scheduled", None, 0)
+    held = (row["not_before"] - deferred_at).total_seconds()
+    assert countdown - 0.1 <= held <= INTERVAL + 0.1, (held, countdown)
+    assert runner.store.get_run(second).status == "running"
+
+    # Delivered early (a stray, a re-send): deferred again, for the rest of its wait.
+    with pytest.raises(Deferred) as early:
+        runner.execute_step(second, "model:1", task=MODEL_TURN)
+    assert 0 < early.value.delay <= countdown and early.value.key.startswith("openai:test-")
+    assert "at its rate limit" in str(early.value)
+    assert runner.leases.client.get(f"agent_jobs:attempts:{second}:model:1") is None
+    assert _row(runner, second)["attempts"] == 0
+
+    # On time: its place was kept, it goes.
+    time.sleep(max(0.0, (row["not_before"] - utcnow()).total_seconds()))
+    assert runner.execute_step(second, "model:1", task=MODEL_TURN).startswith("model:1 done")
+    assert runner.store.get_run(second).status == "completed"
+    assert _row(runner, second)["attempts"] == 1
+    assert len(model.calls) == 2
+    assert model.calls[1] - model.calls[0] >= INTERVAL - 0.05
+
+
+def test_a_429_pauses_the_key_for_the_next_steps(durable: tuple[DurableRunner, Sent]) -> None:
+    runner, sent = durable
+    model = runner.app.get_agent("limited").model
+    assert isinstance(model, Timed)
+    model.refuse = {1: 10.0}  # the first call: 429, Retry-After 10
+    first, second = (f"limited-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for run_id in (first, second):
+        runner.create(RunRequest(agent="limited", input="hi", actor="user-7"), run_id)
+    runner.continue_run(first)
+    assert sent.sent[-1][:2] == (first, "model:1")  # the waterfall: again after 10 s
+    runner.continue_run(second)
+    run_id, step, countdown = sent.sent[-1]
+    assert (run_id, step) == (second, "model:1") and 5.0 < countdown <= 10.0
+    with pytest.raises(Deferred) as paused:
+        runner.execute_step(second, "model:1", task=MODEL_TURN)
+    assert "paused by the provider" in str(paused.value)
+    assert len(model.calls) == 1  # nothing was sent during the pause
+
+
+@pytest.fixture
+def inline(tmp_path: Path) -> Iterator[tuple[InlineRunner, Timed]]:
+    """The inline runner on SQLite with no Redis: the limits apply in this process. Two
+    requests a second for `openai:*` (a bucket of two)."""
+    model = Timed(_name(), refuse={5: 1.5})  # the fifth call: 429, Retry-After 1.5
+    app = AgentApp()
+    app.agent("limited", model=model)
+    store = Store.from_url(f"sqlite:///{tmp_path / 'inline.db'}")
+    limits = {"openai:*": {"requests_per_minute": 120}}
+    settings = Settings(rate_limits=limits, model_retry_base_delay=0.01)
+    runner = InlineRunner(app, store, settings=settings, poll_interval=0.05)
+    assert runner.limits is not None
+    try:
+        yield runner, model
+    finally:
+        store.engine.dispose()
+
+
+def test_the_inline_runner_waits_on_its_own_thread_and_a_429_pauses_every_run(
+    inline: tuple[InlineRunner, Timed],
+) -> None:
+    runner, model = inline
+    started = time.monotonic()
+    run_ids = [runner.start("limited", f"question {n}", actor="user-7") for n in range(8)]
+    assert time.monotonic() - started < 1.0  # nobody waits for capacity but the runs
+    ended = [runner.wait(run_id, timeout=30) for run_id in run_ids]
+    assert [run.status for run in ended] == ["completed"] * 8
+    calls = [t - model.calls[0] for t in model.calls]
+    assert len(calls) == 9  # eight answers and the refused call
+    # Two at once, then one every half second...
+    assert calls[1] < 0.1 and paced(calls[1:5])
+    # ...then the fifth call was refused, Retry-After 1.5: nothing for a second and a half
+    # (the places given out before the pause still hold theirs: the next may come up to
+    # one place later), then one every half second again (the bucket restarts empty).
+    refused = calls[4]
+    assert 1.5 <= calls[5] - refused < 2.1
+    assert paced(calls[5:])
+
+
+def paced(calls: Sequence[float], every: float = 0.5) -> bool:
+    """One call every `every` seconds, each of them at most a little late for its place:
+    never more than the limit over any span, and no place lost."""
+    return all(
+        (j - i) * every - 0.15 <= calls[j] - calls[i] <= (j - i) * every + 0.3
+        for i in range(len(calls))
+        for j in range(i + 1, len(calls))
+    )
+
+
+def test_a_cancel_stops_an_inline_run_waiting_for_capacity(
+    inline: tuple[InlineRunner, Timed],
+) -> None:
+    runner, model = inline
+    runner.limits.buckets.pause(runner.limits.rules.match(model.name), 30)  # type: ignore[union-attr, arg-type]
+    run_id = runner.start("limited", "hello", actor="user-7")
+    time.sleep(0.2)
+    runner.cancel(run_id)
+    assert runner.wait(run_id, timeout=5).status == "cancelled"
+    assert model.calls == []

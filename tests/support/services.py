@@ -1,0 +1,32 @@
+"""The services every layer above the fast one shares: this session's queue, the
+Postgres the tests create their databases in, and emptying a database between tests."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from sqlalchemy import text
+
+from agent_jobs.store import Store
+
+# A queue of this test session's own for the shared and crash-test workers: two pytest
+# runs on one machine's Redis never take each other's tasks.
+SESSION_QUEUE = f"agent_jobs_test_{uuid.uuid4().hex[:8]}"
+
+PG_ADMIN_URL = os.environ.get(
+    "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def truncate_all(store: Store) -> None:
+    """Empty every table so a test starts from a clean database."""
+    from agent_jobs.store.schema import metadata
+
+    with store.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+            conn.execute(text(f"TRUNCATE {names}"))
+        else:
+            for table in reversed(metadata.sorted_tables):
+                conn.execute(table.delete())
