@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from agent_jobs import RunView
@@ -13,6 +12,7 @@ from agent_jobs.store import Store
 from tests.support import apps
 from tests.support.redis_server import RedisServer
 from tests.support.services import SESSION_QUEUE, truncate_all
+from tests.support.waiting import eventually
 from tests.support.workers import DEFAULT_QUEUES, Process, service_env, start_beat, start_worker
 
 FAST_RECOVERY = {
@@ -65,20 +65,22 @@ class Cluster:
         row = {j["step"]: j for j in self.store.journal(run_id)}.get(step)
         return row["state"] if row else None
 
-    def wait_step(self, run_id: str, step: str, state: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while self.step_state(run_id, step) != state:
-            assert time.monotonic() < deadline, (
-                f"{step} never {state}: {self.store.journal(run_id)}"
-            )
-            time.sleep(0.02)
+    def wait_step(self, run_id: str, step: str, state: str, timeout: float | None = None) -> None:
+        eventually(
+            lambda: self.step_state(run_id, step) == state,
+            timeout,
+            what=f"{step} of {run_id} to be {state}",
+            context=lambda: self.store.journal(run_id),
+        )
 
-    def wait(self, run_id: str, timeout: float = 30) -> RunView:
-        deadline = time.monotonic() + timeout
-        while not (run := self.store.get_run(run_id)).finished:
-            assert time.monotonic() < deadline, f"{run_id} stuck {run.status}: {self.logs()}"
-            time.sleep(0.05)
-        return run
+    def wait(self, run_id: str, timeout: float | None = None) -> RunView:
+        return eventually(
+            lambda: (run := self.store.get_run(run_id)).finished and run,
+            timeout,
+            what=f"run {run_id} to end",
+            every=0.05,
+            context=self.logs,
+        )
 
     def logs(self) -> str:
         return "\n".join(p.log()[-3000:] for p in self.procs)

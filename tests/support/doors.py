@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from agent_jobs.store import Store
 from agent_jobs.store.schema import journal, runs, threads, tool_calls
 from tests.support import apps
 from tests.support.services import truncate_all
+from tests.support.waiting import eventually
 from tests.support.workers import ROOT, Process, service_env, start_beat, worker
 
 SECRET = "test-approval-secret-" + uuid.uuid4().hex
@@ -138,14 +138,10 @@ def plain_celery_send(broker: str, sends: list[dict[str, Any]]) -> list[str]:
     return ids
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+def wait_for(
+    check: Callable[[], Any], what: str, timeout: float | None = None, every: float = 0.02
+) -> Any:
+    return eventually(check, timeout, what=what, every=every)
 
 
 class Doors:
@@ -212,7 +208,7 @@ class Doors:
         entry = self.redis.xadd(self.channel, {field: data})
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
-    def wait_status(self, run_id: str, status: str, timeout: float = 20) -> None:
+    def wait_status(self, run_id: str, status: str, timeout: float | None = None) -> None:
         def reached() -> bool:
             run = self.store.find_run(run_id)
             assert run is None or not run.finished or run.status == status, (
@@ -220,7 +216,7 @@ class Doors:
             )
             return run is not None and run.status == status
 
-        wait_for(reached, f"{run_id} to be {status}\n{self.logs()}", timeout)
+        eventually(reached, timeout, what=f"{run_id} to be {status}", context=self.logs)
 
     def parked(self, agent: str = "gated") -> tuple[str, str]:
         """A run waiting for a decision on its one action call: (run id, call id)."""

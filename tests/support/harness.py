@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -10,6 +9,8 @@ from agent_jobs import InlineRunner, RunView, Store
 from agent_jobs.client import Client
 from agent_jobs.streams.base import Frame
 from agent_jobs.streams.redis_streams import RedisStreams
+
+from .waiting import TIMEOUT, eventually, wait_finished
 
 
 class Harness:
@@ -26,13 +27,12 @@ class Harness:
     def events(self, run_or_thread: str) -> list[Any]:
         return self.client.events(run_or_thread)
 
-    def wait_frame(self, run_id: str, kind: str, timeout: float = 20) -> Frame:
-        """Block until the run's stream carries a frame of this type; return it."""
-        deadline = time.monotonic() + timeout
+    def wait_frame(self, run_id: str, kind: str) -> Frame:
+        """Block until the run's stream carries a frame of this type; return it (the
+        stream's own read blocks for at most TIMEOUT)."""
         for frame in self.frames_live(run_id):
             if frame["type"] == kind:
                 return frame
-            assert time.monotonic() < deadline, f"no {kind} frame in {timeout}s"
         raise AssertionError(f"the stream of {run_id} ended without a {kind} frame")
 
     def frames_live(self, run_id: str) -> Iterator[Frame]:
@@ -53,39 +53,34 @@ class Harness:
     def frames(self, run_id: str) -> list[Frame]:
         raise NotImplementedError
 
-    def wait(self, run_id: str, timeout: float = 30) -> RunView:
-        deadline = time.monotonic() + timeout
-        while True:
-            run = self.store.get_run(run_id)
-            if run.finished:
-                return run
-            assert time.monotonic() < deadline, f"run {run_id} still {run.status}"
-            time.sleep(0.02)
+    def wait(self, run_id: str, timeout: float | None = None) -> RunView:
+        return wait_finished(self.store, run_id, timeout)
 
-    def wait_status(self, run_id: str, status: str, timeout: float = 30) -> RunView:
-        deadline = time.monotonic() + timeout
-        while True:
+    def wait_status(self, run_id: str, status: str, timeout: float | None = None) -> RunView:
+        def seen() -> RunView | None:
             run = self.store.get_run(run_id)
-            if run.status == status:
-                return run
-            assert not run.finished, f"run {run_id} ended {run.status}: {run.error}"
-            assert time.monotonic() < deadline, f"run {run_id} still {run.status}"
-            time.sleep(0.02)
+            assert not run.finished or run.status == status, (
+                f"run {run_id} ended {run.status}: {run.error}"
+            )
+            return run if run.status == status else None
+
+        return eventually(seen, timeout, what=f"run {run_id} to be {status}")
 
     def run_approving(
         self, agent: str, text: str, decision: Literal["approve", "reject"] = "approve", **kw: Any
     ) -> RunView:
         """Start a run and answer every approval request with `decision` as alice."""
         run_id = self.start(agent, text, **kw)
-        deadline = time.monotonic() + 30
-        while True:
+
+        def ended() -> RunView | None:
             run = self.store.get_run(run_id)
             if run.finished:
                 return run
             for call in self.store.pending_calls(run_id):
                 self.decide(run_id, call["call_id"], decision, "alice")
-            assert time.monotonic() < deadline, f"run {run_id} still {run.status}"
-            time.sleep(0.02)
+            return None
+
+        return eventually(ended, what=f"run {run_id} to end, approving every call")
 
 
 class InlineHarness(Harness):
@@ -145,4 +140,4 @@ class DurableHarness(Harness):
         return [frame for _, frame in self.streams.read(run_id, block=5)]
 
     def frames_live(self, run_id: str) -> Iterator[Frame]:
-        return (frame for _, frame in self.streams.read(run_id, block=20))
+        return (frame for _, frame in self.streams.read(run_id, block=TIMEOUT))
