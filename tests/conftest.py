@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, text
 
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
+from tests.support import distribution, layers, reproduce
 from tests.support.redis_server import RedisServer
 from tests.support.services import PG_ADMIN_URL, SESSION_QUEUE, truncate_all
 from tests.support.workers import TEST_POOLS, use_pool
@@ -194,13 +195,41 @@ def worker_pool(request: pytest.FixtureRequest) -> Iterator[str]:
     use_pool(TEST_POOLS[0])
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that names its workers' pools runs once, on the first pool's parameter."""
+def pytest_configure(config: pytest.Config) -> None:
+    layers.install()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that names its workers' pools runs once, on the first pool's parameter; every
+    test gets its layer (tests/support/layers.py); with xdist, the tests sharing a module's
+    fixtures run in one process."""
     for item in list(items):
         spec = getattr(item, "callspec", None)
         pool = spec.params.get("worker_pool") if spec is not None else None
         if pool not in (None, TEST_POOLS[0]) and item.get_closest_marker("pools_named"):
             items.remove(item)
+    layers.assign(items)
+    distribution.group(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield from layers.watch(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report: pytest.TestReport = yield
+    if report.when == "call" and report.passed and (reached := layers.verdict(item)):
+        report.outcome = "failed"
+        report.longrepr = reached
+    return report
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    reproduce.summary(terminalreporter, config)
 
 
 @pytest.fixture

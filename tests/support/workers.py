@@ -22,6 +22,9 @@ def service_env(broker_url: str, database_url: str, **extra: str) -> dict[str, s
         AGENT_JOBS_DATABASE_URL=database_url,
         AGENT_JOBS_APP="tests.support.apps:app",
         PYTHONPATH=str(ROOT),
+        # One idle connection a pool process keeps: three test processes, each with
+        # workers of eight, stay inside Postgres's 100 connections.
+        AGENT_JOBS_DB_POOL_SIZE="1",
     )
     env.update(extra)
     return env
