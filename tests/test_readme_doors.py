@@ -17,7 +17,7 @@ from agent_jobs.approvals.messages import ApprovalMessage, parse_message
 from .doors_helpers import claim_db
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "humans.md").read_text()
 SECRET = "readme-secret-ünïcode"
 
 
