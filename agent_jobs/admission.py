@@ -1,4 +1,4 @@
-"""Flow control: when a run may begin its turn (README, "Flow control: concurrency per
+"""Flow control: when a run may begin its turn (docs/operating.md, "Flow control: concurrency per
 key, busy threads").
 
 Two things hold a top-level run `queued`:

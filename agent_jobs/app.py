@@ -59,7 +59,7 @@ class AgentSpec:
     options: AgentOptions = field(default_factory=AgentOptions)
     description: str = ""
     history: SlidingWindowHistory | None = None
-    # At most `limit` runs with one key at once (README, "Flow control"); None: no limit.
+    # At most `limit` runs with one key at once (docs/operating.md, "Flow control"); None: no limit.
     concurrency: Concurrency | None = None
 
     def model_settings(self) -> ModelSettings:

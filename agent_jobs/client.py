@@ -203,7 +203,7 @@ class Client:
         error: str | None = None,
     ) -> bool:
         """Say how a call whose outcome is unknown ended (its worker died while its handler
-        ran: README, "Outcome unknown: no blind retry"), then wake the run.
+        ran: docs/humans.md, "Outcome unknown: no blind retry"), then wake the run.
 
         `succeeded`: `result` is recorded as the call's result; `failed`: the model is told
         `error`; `retry`: the handler runs again. Returns True once recorded; raises

@@ -47,7 +47,7 @@ LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class _Metrics:
-    """The metrics, named as the README ("Metrics and traces") documents them."""
+    """The metrics, named as docs/operating.md ("Metrics and traces") documents them."""
 
     def __init__(self) -> None:
         from prometheus_client import Counter, Histogram

@@ -1,4 +1,4 @@
-"""A person's word on a call whose outcome is unknown (README, "Outcome unknown: no blind
+"""A person's word on a call whose outcome is unknown (docs/humans.md, "Outcome unknown: no blind
 retry"): it succeeded (this is its result), it failed (the model is told why), or run it
 again.
 

@@ -36,7 +36,7 @@ def today() -> str:
 
 
 class RunRequest(BaseModel):
-    """The keyword arguments of `agent_jobs.start_run`, validated (README, "Enqueueing runs
+    """The keyword arguments of `agent_jobs.start_run`, validated (docs/doors.md, "Enqueueing runs
     from other services")."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)

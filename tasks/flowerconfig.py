@@ -4,7 +4,7 @@ Flower executes this file (tornado's `parse_config_file`) and takes every module
 name that is one of its options. It is shipped in the package, so every install has it:
 the image links it to `/etc/agent-jobs/flowerconfig.py`; elsewhere
 `python -c 'import importlib.util as u; print(u.find_spec("tasks.flowerconfig").origin)'`
-prints its path (README, "Flower and the compose stack").
+prints its path (docs/operating.md, "Flower and the compose stack").
 
 Basic auth comes from `FLOWER_USER` and `FLOWER_PASSWORD` in the environment, so no
 secret is on a command line (visible in `ps`), and a password may hold any character:

@@ -55,7 +55,7 @@ def _reported(outcome: str) -> str:
 @shared_task(base=AgentJobsTask, name=START_RUN, bind=True, **FAILS)
 def start_run(self: Task[Any, str], /, *args: Any, **kwargs: Any) -> str:
     """Start a run from the keyword arguments another service sent; without a `run_id`,
-    the run is named after this task (README, "Enqueueing runs from other services")."""
+    the run is named after this task (docs/doors.md, "Enqueueing runs from other services")."""
     if args:
         raise TaskFailed(
             "refused: agent_jobs.start_run takes keyword arguments only (send them as kwargs)"

@@ -16,7 +16,7 @@ from agent_jobs.approvals.messages import ApprovalMessage, parse_message
 from tests.support.doors import claim_db
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "humans.md").read_text()
 SECRET = "readme-secret-ünïcode"
 
 

@@ -1,6 +1,6 @@
 """Messages on the approvals channel: parsed, verified, or refused with a reason.
 
-Their fields, signing and refusals are documented in the README, "Approvals on the
+Their fields, signing and refusals are documented in docs/humans.md, "Approvals on the
 Redis channel".
 
 Nothing here touches a database: a message is refused for what it is (too large, not

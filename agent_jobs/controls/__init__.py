@@ -1,5 +1,5 @@
-"""Operator controls (README, "Operator controls: pause, resume, retry, fork"), the store's
-side: what each records, in the caller's transaction, and what it refuses. The runners
+"""Operator controls (docs/operating.md, "Operator controls: pause, resume, retry, fork"),
+the store's side: what each records, in the caller's transaction, and what it refuses. The runners
 honour them (the step boundary: `hold`; a replay reads a retry row in its failed step's
 place) and the doors (client, command line, HTTP API) wake what must go on.
 

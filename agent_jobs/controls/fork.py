@@ -1,5 +1,5 @@
-"""Forking a run (README, "Operator controls"): a new run on a new thread whose journal is
-the source's rows before a step, which then goes on from there.
+"""Forking a run (docs/operating.md, "Operator controls"): a new run on a new thread whose
+journal is the source's rows before a step, which then goes on from there.
 
 The rows are copied as they are, their intents made the fork's (its run and thread ids).
 What else a replay of them needs, and what the fork's thread must hold:

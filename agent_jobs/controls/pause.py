@@ -1,4 +1,4 @@
-"""Pausing a run and letting it go on (README, "Operator controls").
+"""Pausing a run and letting it go on (docs/operating.md, "Operator controls").
 
 A pause is asked for on the run's row (`runs.pause_requested_by`: who asked) and in its
 thread's session log (`run/pause`); the run stops at its next step boundary (`hold`). A

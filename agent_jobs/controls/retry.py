@@ -1,4 +1,4 @@
-"""Running a failed run's failed step again (README, "Operator controls").
+"""Running a failed run's failed step again (docs/operating.md, "Operator controls").
 
 Only a run that failed on a step may be retried: a dead letter or a step's error
 (`StepFailedError`; the inline runner's model errors are its step errors,

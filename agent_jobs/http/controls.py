@@ -1,5 +1,5 @@
 """Operator controls over HTTP: `POST /v1/runs/{run_id}/pause`, `/resume`, `/retry` and
-`/fork` (README, "Operator controls: pause, resume, retry, fork").
+`/fork` (docs/operating.md, "Operator controls: pause, resume, retry, fork").
 
 Who may: the run's actor and `service` actors, as for a cancel (http/access.py): another
 actor who may read the run is refused (403), anyone else is told there is no such run

@@ -1,5 +1,5 @@
-"""The inline runner's operator controls (README, "Operator controls"): pause and resume a
-run it drives, retry one of its runs that failed on a step, fork any run; and the
+"""The inline runner's operator controls (docs/operating.md, "Operator controls"): pause and
+resume a run it drives, retry one of its runs that failed on a step, fork any run; and the
 replay that the last two need, as the inline runner has no other.
 
 A paused run waits at its step boundary on its own thread (it holds no worker: there

@@ -253,7 +253,7 @@ questions = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 
-# Notifications (README, "Notifications"): a run that ends or starts waiting for a person
+# Notifications (docs/operating.md, "Notifications"): a run that ends or starts waiting for a person
 # is written here in the same transaction as its new status, then appended to the Redis
 # Stream `agent_jobs:events` and POSTed to the webhook, at least once, by a sender that
 # retries with backoff. `event_id` is the notification's id: a duplicate carries it too.

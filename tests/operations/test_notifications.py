@@ -737,7 +737,7 @@ def test_delivered_rows_past_the_retention_are_deleted_in_batches(
 
 
 def test_the_readme_receiver_verifies_what_the_sender_signs(pg_store: Store) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operating.md").read_text()
     start = readme.index("A receiver, with the standard library alone")
     block = readme[readme.index("```python\n", start) + len("```python\n") :]
     code = block[: block.index("```")]
