@@ -27,7 +27,6 @@ import click
 import pytest
 import yaml
 
-LAYER = "unit"
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -69,7 +69,7 @@ MODULES: dict[str, str] = {
     "tests/operations/test_notifications_runs.py": "workers",
     "tests/operations/test_prune_beat.py": "workers",
     "tests/operations/test_tracing.py": "workers",
-    "tests/test_readme_doors.py": "services",
+    "tests/docs/test_signing_examples.py": "services",
     # services: a database or Redis server of the module's own
     "tests/operations/test_notifications.py": "services",
     "tests/flow/test_rate_limits_buckets.py": "services",

@@ -15,7 +15,7 @@ import redis
 from agent_jobs.approvals.messages import ApprovalMessage, parse_message
 from tests.support.doors import claim_db
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "docs" / "humans.md").read_text()
 SECRET = "readme-secret-ünïcode"
 
