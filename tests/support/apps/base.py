@@ -73,6 +73,18 @@ def executed(run_id: str) -> list[tuple[str, str]]:
     return [(r.what, r.key) for r in rows]
 
 
+def counted(run_id: str, what: str) -> int:
+    """How many executions of the run recorded `what`."""
+    with side_engine().connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(executions)
+                .where(executions.c.run_id == run_id, executions.c.what == what)
+            ).scalar_one()
+        )
+
+
 class CountingModel:
     """A ScriptedModel that records each call it serves."""
 
@@ -113,6 +125,39 @@ def slow(n: int, seconds: float, ctx: ToolContext) -> int:
     time.sleep(seconds)
     record(ctx.run_id, "slow", ctx.idempotency_key)
     return n * 10
+
+
+@app.tool(kind="read")
+def together(n: int, of: int, ctx: ToolContext) -> int:
+    """A read that waits until `of` reads of its run have started: it ends only if they
+    all ran at once (one after another, the first would wait for good)."""
+    record(ctx.run_id, "together:start", ctx.idempotency_key)
+    deadline = time.monotonic() + 60  # a guard against a hang, far above a slow machine
+    while counted(ctx.run_id, "together:start") < of:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{of} reads of {ctx.run_id} never ran at once")
+        time.sleep(0.02)
+    record(ctx.run_id, "together", ctx.idempotency_key)
+    return n * 10
+
+
+@app.tool(kind="read")
+def until_opened(ctx: ToolContext) -> str:
+    """A read that runs until the test opens its run's gate (`open_gate`): the test, not
+    the clock, says when it returns."""
+    record(ctx.run_id, "until_opened:start", ctx.idempotency_key)
+    deadline = time.monotonic() + 60  # a guard against a hang, far above a slow machine
+    while not counted(ctx.run_id, "gate:open"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test never opened the gate of {ctx.run_id}")
+        time.sleep(0.02)
+    record(ctx.run_id, "until_opened", ctx.idempotency_key)
+    return "opened"
+
+
+def open_gate(run_id: str) -> None:
+    """Let the run's `until_opened` read return."""
+    record(run_id, "gate:open", run_id)
 
 
 @app.tool(kind="read")
@@ -173,16 +218,16 @@ app.agent(
     tools=TOOLS,
 )
 
-# Eight reads of half a second each.
+# Eight reads that each wait until all eight have started.
 app.agent(
     "fanout8",
     model=CountingModel(
         [
-            {"tool_calls": [{"name": "slow", "args": {"n": i, "seconds": 0.5}} for i in range(8)]},
+            {"tool_calls": [{"name": "together", "args": {"n": i, "of": 8}} for i in range(8)]},
             {"text": "eight done"},
         ]
     ),
-    tools=TOOLS,
+    tools=["together"],
 )
 
 # A slow model step, then a slow tool step, then an answer: crash tests kill workers.

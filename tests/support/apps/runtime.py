@@ -89,6 +89,14 @@ app.agent(
     options=AgentOptions(default_timeout=1.0),
 )
 
+# A deadline of one second against a read that runs until the test opens its gate.
+app.agent(
+    "timeboxed_gated",
+    model=CountingModel([{"tool_calls": [{"name": "until_opened", "args": {}}]}, {"text": "late"}]),
+    tools=["until_opened"],
+    options=AgentOptions(default_timeout=1.0),
+)
+
 # Pre-step listeners act on these agents.
 for gated_agent in ("gatekeeper", "carrier", "series"):
     app.agent(
