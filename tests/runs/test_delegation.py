@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 from tests.support.apps import executed
 from tests.support.harness import Harness
+from tests.support.waiting import eventually
 
 
 def test_three_levels_with_an_approval_in_the_grandchild(harness: Harness) -> None:
@@ -85,8 +86,8 @@ def test_two_reads_of_one_turn_that_both_ask_wait_for_both_answers(harness: Harn
     run_id = harness.start("planner2", "set up a call and a visit")
     answered: set[str] = set()
     days = iter(["Friday", "Monday"])
-    deadline = time.monotonic() + 30
-    while len(answered) < 2:
+
+    def answer_both() -> bool:
         for asked in harness.store.open_questions(run_id):
             if asked["request_id"] not in answered:
                 day = next(days)
@@ -94,8 +95,14 @@ def test_two_reads_of_one_turn_that_both_ask_wait_for_both_answers(harness: Harn
                 answered.add(asked["request_id"])
         run = harness.store.get_run(run_id)
         assert not run.finished, f"{run.status}: {run.error}"
-        assert time.monotonic() < deadline, f"answered {answered}; run {run.status}"
-        time.sleep(0.05)
+        return len(answered) == 2
+
+    eventually(
+        answer_both,
+        what="both questions to be asked and answered",
+        every=0.05,
+        context=lambda: (answered, harness.store.get_run(run_id).status),
+    )
     run = harness.wait(run_id)
     assert run.status == "completed", run.error
     assert run.output == "planned both"
@@ -109,11 +116,13 @@ def test_two_reads_of_one_turn_that_both_ask_wait_for_both_answers(harness: Harn
 
 def test_a_persona_wraps_the_prompt_and_narrows_the_tools(harness: Harness) -> None:
     run_id = harness.start("support", "hello", persona="pirate")
-    deadline = time.monotonic() + 20
-    while "model:1" not in {j["step"] for j in harness.store.journal(run_id)}:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    request = {j["step"]: j for j in harness.store.journal(run_id)}["model:1"]["intent"]["request"]
+
+    def steps() -> dict[str, Any] | None:
+        found = {j["step"]: j for j in harness.store.journal(run_id)}
+        return found if "model:1" in found else None
+
+    request = eventually(steps, what="the journal to hold model:1", every=0.05)["model:1"]
+    request = request["intent"]["request"]
     assert request["system"] == "Arr, matey.\nYou are support."
     assert [t["name"] for t in request["tools"]] == ["lookup"]
     harness.cancel(run_id)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from agent_jobs import AgentApp, ScriptedModel, session
 from agent_jobs.runs import RunRequest, create_run, post_message, start_next_turn
@@ -15,10 +15,12 @@ from agent_jobs.session import Event, fold_consumed_work, fold_inbox
 from agent_jobs.store import RunView, Store
 from agent_jobs.store import events as event_rows
 from agent_jobs.store import runs as run_rows
+from tests.support import apps
 from tests.support.apps import executed
 from tests.support.builders import add_run, whole_request
 from tests.support.harness import Harness
-from tests.support.services import truncate_all
+from tests.support.services import truncate_all, wait_for_a_lock
+from tests.support.waiting import TIMEOUT, eventually
 
 
 def journal(h: Harness, run_id: str) -> dict[str, dict[str, Any]]:
@@ -114,11 +116,12 @@ def test_a_next_turn_message_becomes_the_next_request(harness: Harness) -> None:
 
     # On an idle thread a next-turn message starts a turn at once.
     harness.post(thread_id, "one more: order 8", target="next-turn")
-    deadline = time.monotonic() + 20
-    while len(harness.store.list_runs(thread_id=thread_id)) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    third = harness.store.list_runs(thread_id=thread_id)[0]
+
+    def third_run() -> RunView | None:
+        found = harness.store.list_runs(thread_id=thread_id)
+        return found[0] if len(found) >= 3 else None
+
+    third = eventually(third_run, what="a third run on the thread", every=0.05)
     assert third.input == "one more: order 8"
     assert harness.wait(third.run_id).status == "completed"
 
@@ -138,7 +141,16 @@ def test_cancel_discards_the_step_in_flight_and_clears_the_inbox(harness: Harnes
     assert "turn/stopping" in types
     end = [e for e in harness.events(run_id) if e.type == "turn/end"][-1]
     assert end.data == {"reason": "aborted", "cause": "user"}
-    time.sleep(2.5)  # let the model step in flight finish: its late result changes nothing
+    # The model step in flight finishes late (its journal row done, its usage charged):
+    # its late result changes nothing.
+    eventually(
+        lambda: (
+            journal(harness, run_id)["model:1"]["state"] == "done" and harness.store.usage(run_id)
+        ),
+        what="the model step in flight to finish",
+        every=0.05,
+        context=lambda: journal(harness, run_id),
+    )
     assert [m.role for m in harness.store.thread_messages(run.thread_id)] == ["user"]
     # …but the provider was paid: the ledger and the quota account for its tokens.
     [spent] = harness.store.usage(run_id)
@@ -164,14 +176,37 @@ def test_cancel_can_keep_the_inbox(harness: Harness) -> None:
 
 
 def test_a_deadline_cancels_the_run_with_cause_timeout(harness: Harness) -> None:
-    started = time.monotonic()
-    run = harness.wait(harness.start("timeboxed", "go"))
+    # A one-second deadline against a read that runs until the test opens its gate.
+    run_id = harness.start("timeboxed_gated", "go")
+    tool = f"{run_id}:tool:call_1"
+    try:
+        eventually(lambda: ("until_opened:start", tool) in executed(run_id), what="the read")
+        if harness.kind == "durable":  # woken at the deadline, not when the tool returns
+            run = harness.wait(run_id)
+            assert ("until_opened", tool) not in executed(run_id)  # the gate is still shut
+        else:  # the inline run ends once the read returns after its deadline
+            deadline = harness.store.get_run(run_id).deadline
+            assert deadline is not None
+            eventually(lambda: db_now(harness.store) > deadline, what="the deadline to pass")
+    finally:
+        apps.open_gate(run_id)
+    run = harness.wait(run_id)
     assert run.status == "cancelled" and run.error == "cancelled (timeout)"
-    end = [e for e in harness.events(run.run_id) if e.type == "turn/end"][-1]
+    end = [e for e in harness.events(run_id) if e.type == "turn/end"][-1]
     assert end.data == {"reason": "interrupted", "cause": "timeout"}
-    if harness.kind == "durable":  # woken at the deadline, not when the tool returns
-        assert time.monotonic() - started < 2.8
-    assert executed(run.run_id).count(("model", "model:2")) == 0
+    # The read's late result is in (its step done) and no model step followed it.
+    eventually(
+        lambda: journal(harness, run_id).get("tool:call_1", {}).get("state") == "done",
+        what="the read's late result",
+        context=lambda: journal(harness, run_id),
+    )
+    assert executed(run_id).count(("model", "model:2")) == 0
+    assert "model:2" not in journal(harness, run_id)
+
+
+def db_now(store: Store) -> datetime:
+    with store.connect() as conn:
+        return conn.execute(text("SELECT now()")).scalar_one()
 
 
 def test_cancelling_a_run_cancels_its_children(store: Store) -> None:
@@ -346,8 +381,8 @@ def test_a_next_turn_message_posted_while_the_turn_ends_is_never_stranded(pg_url
             assert start_next_turn(conn, app, ended, runner="durable") is None
             poster = threading.Thread(target=post, daemon=True)
             poster.start()
-            time.sleep(0.5)  # the post now waits for the thread's row
-        poster.join(10)
+            wait_for_a_lock(store)  # the post now waits for the thread's row
+        poster.join(TIMEOUT)
         assert not poster.is_alive()
         [next_run] = started
         assert next_run is not None, "the message was queued behind a turn that had ended"

@@ -8,12 +8,10 @@ lock, then lets the first go on: both must succeed.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
 from agent_jobs import InlineRunner
 from agent_jobs.admission import enter
@@ -25,7 +23,8 @@ from agent_jobs.store import runs as run_rows
 from tests.support import apps
 from tests.support.apps import executed
 from tests.support.harness import InlineHarness
-from tests.support.services import truncate_all
+from tests.support.services import truncate_all, wait_for_a_lock
+from tests.support.waiting import TIMEOUT
 
 
 @pytest.fixture
@@ -48,7 +47,7 @@ class Pause:
     def hold(self, *args: Any) -> None:
         self.args = args
         self.reached.set()
-        assert self.go.wait(30), "never released"
+        assert self.go.wait(TIMEOUT), "never released"
 
     def release(self) -> None:
         self.go.set()
@@ -71,27 +70,11 @@ class Outcome:
         self.thread.start()
 
     def result(self) -> Any:
-        self.thread.join(30)
+        self.thread.join(TIMEOUT)
         assert not self.thread.is_alive(), "still running"
         if self.error is not None:
             raise self.error
         return self.value
-
-
-def waits_for_a_lock(store: Store, pid: int | None = None, timeout: float = 10) -> bool:
-    """Whether a session of this database (the backend `pid`, if given) comes to wait for
-    a lock within `timeout`."""
-    query = text(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND (CAST(:pid AS integer) IS NULL OR pid = :pid)"
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with store.connect() as conn:
-            if conn.execute(query, {"pid": pid}).scalar_one():
-                return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_decision_while_the_inline_run_parks_on_it(
@@ -110,15 +93,15 @@ def test_a_decision_while_the_inline_run_parks_on_it(
 
     monkeypatch.setattr(deadlines, "request", held)
     run_id = runner.start("support", "Where is order 42?", actor="user-7")
-    assert pause.reached.wait(30), runner.store.get_run(run_id)
+    assert pause.reached.wait(TIMEOUT), runner.store.get_run(run_id)
     _conn, _app, _run, call_id, _tool, _now = pause.args
     client = Client(runner.store, runner.app, runner.settings)
     decided = Outcome(lambda: client.decide(run_id, call_id, "approve", actor="alice"))
-    assert waits_for_a_lock(runner.store), "the decision did not wait for the park"
+    wait_for_a_lock(runner.store)  # the decision waits for the park
     pause.release()
 
     assert decided.result() is True
-    run = runner.wait(run_id, timeout=30)
+    run = runner.wait(run_id, timeout=TIMEOUT)
     assert run.status == "completed", run.error
     assert [what for what, _ in executed(run_id) if what == "refund"] == ["refund"]
 
@@ -156,7 +139,7 @@ def test_an_interrupt_while_a_queued_run_of_the_thread_looks_at_it(
         )
 
     third = Outcome(interrupt)
-    assert before_second.reached.wait(30), third.result()
+    assert before_second.reached.wait(TIMEOUT), third.result()
 
     own_row = Pause()  # the entry, holding the queued run's row, before the thread's
 
@@ -167,15 +150,15 @@ def test_an_interrupt_while_a_queued_run_of_the_thread_looks_at_it(
             return bool(enter(conn, runner.app, RunView.from_row(row)))
 
     entered = Outcome(entry)
-    assert own_row.reached.wait(30), entered.result()
+    assert own_row.reached.wait(TIMEOUT), entered.result()
     before_second.release()
-    assert waits_for_a_lock(store, backend[0]), "the interrupt did not wait for the run's row"
+    wait_for_a_lock(store, backend[0])  # the interrupt waits for the run's row
     own_row.release()
 
     third_id = third.result()
     entered.result()  # it stays queued, or goes on once the cancelled turns ended
-    assert runner.wait(first, timeout=30).status == "cancelled"
-    assert runner.wait(second, timeout=30).status == "cancelled"
+    assert runner.wait(first, timeout=TIMEOUT).status == "cancelled"
+    assert runner.wait(second, timeout=TIMEOUT).status == "cancelled"
     assert InlineHarness(runner).wait_status(third_id, "awaiting_approval").thread_id == thread_id
     runner.cancel(third_id)  # nothing left running when the test's database goes
-    assert runner.wait(third_id, timeout=30).status == "cancelled"
+    assert runner.wait(third_id, timeout=TIMEOUT).status == "cancelled"

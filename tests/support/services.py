@@ -30,3 +30,20 @@ def truncate_all(store: Store) -> None:
         else:
             for table in reversed(metadata.sorted_tables):
                 conn.execute(table.delete())
+
+
+def wait_for_a_lock(store: Store, pid: int | None = None) -> None:
+    """Block until a session of the store's database (the backend `pid`, if given) waits
+    for a lock: a transaction the test set against another has reached it."""
+    from tests.support.waiting import eventually
+
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND (CAST(:pid AS integer) IS NULL OR pid = :pid)"
+    )
+
+    def waiting() -> int:
+        with store.connect() as conn:
+            return int(conn.execute(query, {"pid": pid}).scalar_one())
+
+    eventually(waiting, what=f"a session (pid {pid}) to wait for a lock", every=0.01)
