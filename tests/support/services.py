@@ -30,3 +30,16 @@ def truncate_all(store: Store) -> None:
         else:
             for table in reversed(metadata.sorted_tables):
                 conn.execute(table.delete())
+
+
+def waiting_on_a_lock(store: Store) -> int:
+    """How many sessions of the store's (Postgres) database wait for a lock another one
+    holds: a test sees a transaction blocked where it wants it instead of sleeping."""
+    with store.engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+        return int(found.scalar_one())
