@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import re
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,31 +24,33 @@ from tests.support import apps
 from tests.support.apps import executed
 from tests.support.builders import whole_request
 from tests.support.cluster import Cluster
-from tests.support.services import truncate_all
+from tests.support.services import truncate_all, waiting_on_a_lock
+from tests.support.waiting import eventually, wait_status
+from tests.support.workers import Process
 
 
 def test_sigkill_during_a_model_step_and_a_tool_step(cluster: Cluster) -> None:
     first = cluster.worker(concurrency=1)
     run_id = cluster.client.enqueue_run("crashy", "go", actor="user-7")
 
-    cluster.wait_step(run_id, "model:1", "started")
-    time.sleep(0.5)  # the model is streaming now
+    key = f"{run_id}:tool:call_1"
+    # Killed as the model streams (it counts its call as it begins)…
+    _wait_executed(cluster, run_id, ("model", "model:1"), 1)
     first.kill()
     second = cluster.worker(concurrency=1)
     cluster.beat()
-    cluster.wait_step(run_id, "tool:call_1", "started", timeout=30)
-    time.sleep(0.5)
+    # …and as the tool runs (it counts its start first).
+    _wait_executed(cluster, run_id, ("slow:start", key), 1)
     second.kill()
     cluster.worker(concurrency=1)
 
-    run = cluster.wait(run_id, timeout=60)
+    run = cluster.wait(run_id)
     assert run.status == "completed" and run.output == "survived"
     ran = executed(run_id)
     # The killed model step ran again; the completed one never did.
     assert ran.count(("model", "model:1")) == 2
     assert ran.count(("model", "model:2")) == 1
     # The killed tool step ran again, with the same idempotency key; it finished once.
-    key = f"{run_id}:tool:call_1"
     assert ran.count(("slow:start", key)) == 2
     assert ran.count(("slow", key)) == 1
     journal = {j["step"]: j for j in cluster.store.journal(run_id)}
@@ -58,15 +60,39 @@ def test_sigkill_during_a_model_step_and_a_tool_step(cluster: Cluster) -> None:
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
 
 
+def _wait_executed(cluster: Cluster, run_id: str, what: tuple[str, str], n: int) -> None:
+    """Until `what` (an execution the test apps count as it begins) was seen `n` times."""
+    eventually(
+        lambda: executed(run_id).count(what) >= n,
+        what=f"{what} to have begun {n} time(s) in {run_id}",
+        context=cluster.logs,
+    )
+
+
+def _wait_tasks_ended(worker: Process, task_ids: Sequence[str]) -> None:
+    """Until the worker has run each task to its end (Celery logs its outcome)."""
+
+    def ended() -> bool:
+        log = worker.log()
+        return all(re.search(rf"\[{tid}\] (succeeded|raised|retry)", log) for tid in task_ids)
+
+    eventually(ended, what=f"tasks {list(task_ids)} to end", context=lambda: worker.log()[-3000:])
+
+
+def _coordinations_ended(worker: Process) -> int:
+    return len(re.findall(r"Task agent_jobs\.coordinate\[[0-9a-f-]+\] succeeded", worker.log()))
+
+
 def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
-    cluster.worker()
+    worker = cluster.worker()
     run_id = cluster.client.enqueue_run("w1", "go", actor="user-7")
     assert cluster.wait(run_id).status == "completed"
     before = executed(run_id)
 
     # The same (run_id, step) delivered again, and the run re-driven twice more.
     queue = cluster.client._broker().queue
-    cluster.celery.send_task(MODEL_TURN, args=[run_id, "model:1"], queue=queue)
+    coordinated = _coordinations_ended(worker)
+    replayed = cluster.celery.send_task(MODEL_TURN, args=[run_id, "model:1"], queue=queue)
     cluster.client.wake(run_id)
     cluster.client.wake(run_id)
     duplicate = cluster.celery.send_task(
@@ -80,7 +106,13 @@ def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
         queue=queue,
     )
     assert duplicate.id
-    time.sleep(1.5)
+    # The worker had its chance: every duplicate was taken and ran to its end.
+    _wait_tasks_ended(worker, [replayed.id, duplicate.id])
+    eventually(
+        lambda: _coordinations_ended(worker) >= coordinated + 2,
+        what="the two wake-ups to be coordinated",
+        context=lambda: worker.log()[-3000:],
+    )
     assert executed(run_id) == before
     assert len(cluster.store.list_runs()) == 1
 
@@ -88,10 +120,7 @@ def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
 def test_flushall_loses_messages_not_runs(cluster: Cluster) -> None:
     worker = cluster.worker()
     parked = cluster.client.enqueue_run("gated", "go", actor="user-7")
-    deadline = time.monotonic() + 20
-    while cluster.store.get_run(parked).status != "awaiting_approval":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_status(cluster.store, parked, "awaiting_approval")
     worker.stop()
 
     # With no worker up: a decision is recorded and a new run is enqueued; then Redis
@@ -103,10 +132,7 @@ def test_flushall_loses_messages_not_runs(cluster: Cluster) -> None:
     cluster.worker()
     cluster.beat()
     assert cluster.wait(parked).status == "completed"
-    deadline = time.monotonic() + 30
-    while cluster.store.get_run(queued).status != "awaiting_approval":
-        assert time.monotonic() < deadline, cluster.logs()
-        time.sleep(0.05)
+    wait_status(cluster.store, queued, "awaiting_approval")
     assert cluster.client.approve(queued, "call_3", actor="alice")
     assert cluster.wait(queued).output == "Order 42 was refunded."
 
@@ -252,7 +278,12 @@ def test_a_result_that_lands_mid_replay_is_not_lost(local: Any) -> None:
         )
     waker = threading.Thread(target=lambda: runner.coordinate(run_id), name="waker")
     waker.start()
-    time.sleep(0.3)
+    # The wake-up waits for the replay in progress: its transaction is seen blocked on a
+    # lock the slow coordinator holds.
+    eventually(
+        lambda: waiting_on_a_lock(runner.store),
+        what="the wake-up to wait on the run's lock",
+    )
     assert waker.is_alive(), "the wake-up must wait for the replay in progress"
     release.set()
     slow.join(10)
@@ -277,7 +308,8 @@ def test_a_cancel_posted_while_no_worker_runs_takes_effect_when_one_returns(
     cluster.wait_step(run_id, "approval:call_2", "waiting")
     worker.stop()
     assert cluster.client.cancel(run_id) == [run_id]
-    time.sleep(0.5)
+    # Its wake-up waits in the broker, with nobody to take it: the run is as it was.
+    assert redis.Redis.from_url(cluster.broker).llen(cluster.client._broker().queue) >= 1
     assert cluster.store.get_run(run_id).status == "awaiting_approval"  # nobody to stop it yet
     cluster.worker()
     run = cluster.wait(run_id)
@@ -290,12 +322,13 @@ def test_a_killed_worker_resumes_with_the_batch_it_had_claimed(cluster: Cluster)
     run_id = cluster.client.enqueue_run("claimkill", "go", actor="user-7")
     cluster.wait_step(run_id, "tool:call_1", "started")  # running, for a second
     cluster.client.post_message(run_id, "first steer")
-    cluster.wait_step(run_id, "model:2", "started", timeout=30)  # claimed, and streaming
+    cluster.wait_step(run_id, "model:2", "started")  # claimed…
+    _wait_executed(cluster, run_id, ("model", "model:2"), 1)  # …and streaming
     first.kill()
     cluster.client.post_message(run_id, "second steer")  # too late for step 2
     cluster.worker(concurrency=1)
     cluster.beat()
-    run = cluster.wait(run_id, timeout=60)
+    run = cluster.wait(run_id)
 
     assert run.status == "completed" and run.output == "answered after the crash"
     journal = {j["step"]: j for j in cluster.store.journal(run_id)}
@@ -315,15 +348,16 @@ def test_a_killed_worker_resumes_with_the_batch_it_had_claimed(cluster: Cluster)
 def test_a_summary_is_made_once_though_the_worker_dies_right_after(cluster: Cluster) -> None:
     worker = cluster.worker(concurrency=1)
     first = cluster.client.enqueue_run("summarykill", "one", actor="user-7")
-    assert cluster.wait(first, timeout=30).status == "completed"
+    assert cluster.wait(first).status == "completed"
     thread = cluster.store.get_run(first).thread_id
     second = cluster.client.enqueue_run("summarykill", "two", actor="user-7", thread_id=thread)
     cluster.wait_step(second, "history:summarize", "done")
-    cluster.wait_step(second, "model:1", "started", timeout=30)
+    cluster.wait_step(second, "model:1", "started")
+    _wait_executed(cluster, second, ("model", "model:1"), 1)  # streaming
     worker.kill()
     cluster.worker(concurrency=1)
     cluster.beat()
-    run = cluster.wait(second, timeout=60)
+    run = cluster.wait(second)
     assert run.status == "completed" and run.output == "after the summary"
     assert [what for what, _ in executed(second)].count("summary") == 1
     journal = {j["step"]: j for j in cluster.store.journal(second)}
@@ -430,20 +464,25 @@ def test_a_cancel_whose_wake_up_was_lost_reaches_a_parked_run(cluster: Cluster) 
     cluster.wait_step(run_id, "approval:call_2", "waiting")
     with cluster.store.begin() as conn:
         assert session.request_cancel(conn, run_id, "user") == [run_id]
-    run = cluster.wait(run_id, timeout=20)
+    run = cluster.wait(run_id)
     assert run.status == "cancelled" and run.error == "cancelled (user)"
 
 
 def test_forged_step_tasks_on_a_real_worker_cannot_wedge_a_parked_run(cluster: Cluster) -> None:
-    cluster.worker()
+    worker = cluster.worker()
     cluster.beat()
     run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
     cluster.wait_step(run_id, "approval:call_2", "waiting")
     queue = cluster.client._broker().queue
+    forged = []
     for _ in range(4):  # more than the attempts a step gets
-        cluster.celery.send_task(INVOKE_TOOL, args=[run_id, "approval:call_2"], queue=queue)
-        cluster.celery.send_task(MODEL_TURN, args=[run_id, "tool:call_1"], queue=queue)
-    time.sleep(1.5)
+        forged.append(
+            cluster.celery.send_task(INVOKE_TOOL, args=[run_id, "approval:call_2"], queue=queue)
+        )
+        forged.append(
+            cluster.celery.send_task(MODEL_TURN, args=[run_id, "tool:call_1"], queue=queue)
+        )
+    _wait_tasks_ended(worker, [f.id for f in forged])  # each was taken, and done with
     step = {j["step"]: j for j in cluster.store.journal(run_id)}["approval:call_2"]
     assert step["state"] == "waiting" and step["attempts"] == 0
     assert cluster.client.approve(run_id, "call_2", actor="alice")

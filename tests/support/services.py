@@ -47,3 +47,16 @@ def wait_for_a_lock(store: Store, pid: int | None = None) -> None:
             return int(conn.execute(query, {"pid": pid}).scalar_one())
 
     eventually(waiting, what=f"a session (pid {pid}) to wait for a lock", every=0.01)
+
+
+def waiting_on_a_lock(store: Store) -> int:
+    """How many sessions of the store's (Postgres) database wait for a lock another one
+    holds: a test sees a transaction blocked where it wants it instead of sleeping."""
+    with store.engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+        return int(found.scalar_one())
