@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.waiting import eventually
 
 CLI = [sys.executable, "-m", "agent_jobs.cli"]
 
@@ -130,25 +131,30 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            pending = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
-            if json.loads(pending.stdout or "[]"):
-                break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                ran = (tmp_path / "run.out").read_text()[-3000:]
-                pytest.fail(f"the run never asked for approval: {pending.stderr}\n{ran}")
-            time.sleep(0.05)
+
+        def pending() -> bool:
+            assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
+            listed = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
+            return bool(json.loads(listed.stdout or "[]"))
+
+        eventually(
+            pending,
+            what="the run to ask for approval",
+            every=0.05,
+            context=lambda: (tmp_path / "run.out").read_text()[-3000:],
+        )
         approved = agent_jobs("approve", "r1", "call_1", cwd=tmp_path, env=env)
         assert approved.returncode == 0 and "approved call_1" in approved.stdout
         again = agent_jobs("reject", "r1", "call_1", cwd=tmp_path, env=env)
         assert "already decided" in again.stdout
-        status = agent_jobs("status", "r1", "--json", cwd=tmp_path, env=env)
-        for _ in range(100):
+
+        def completed() -> dict[str, Any] | None:
             status = agent_jobs("status", "r1", "--json", cwd=tmp_path, env=env)
-            if json.loads(status.stdout)["status"] == "completed":
-                break
-        assert json.loads(status.stdout)["output"] == "all done"
+            found: dict[str, Any] = json.loads(status.stdout)
+            return found if found["status"] == "completed" else None
+
+        done = eventually(completed, what="r1 to complete", every=0.05)
+        assert done["output"] == "all done"
     finally:
         proc.kill()
         proc.communicate()

@@ -91,6 +91,8 @@ ROUTES = [
         "Bearer not-a-token",
         f"bearer {TOKENS['alice']}x",
     ],
+    # The tokens are made per process: ids that name them differ between xdist's workers.
+    ids=["none", "no-token", "basic-scheme", "unknown-token", "token-with-a-tail"],
 )
 def test_every_route_but_healthz_refuses_a_missing_or_unknown_token(
     stack: Stack, authorization: str | None

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import IO
 
 from tests.doors.test_cli import CLI, _app_env, agent_jobs
+from tests.support.waiting import eventually
 
 
 def test_run_on_a_busy_thread_is_refused_or_waits_saying_for_what(tmp_path: Path) -> None:
@@ -41,12 +41,13 @@ def test_run_on_a_busy_thread_is_refused_or_waits_saying_for_what(tmp_path: Path
     first = start("go", "--agent", "a", "--run-id", "r1")
     second: subprocess.Popen[str] | None = None
     try:
-        deadline = time.monotonic() + 60
-        while not json.loads(
-            agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env).stdout or "[]"
-        ):
-            assert time.monotonic() < deadline and first.poll() is None, outputs[0].read_text()
-            time.sleep(0.05)
+
+        def pending() -> bool:
+            assert first.poll() is None, outputs[0].read_text()
+            listed = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
+            return bool(json.loads(listed.stdout or "[]"))
+
+        eventually(pending, what="r1 to ask for approval", every=0.05, context=outputs[0].read_text)
         status = agent_jobs("status", "r1", "--json", cwd=tmp_path, env=env)
         thread = json.loads(status.stdout)["thread_id"]
 
@@ -60,13 +61,15 @@ def test_run_on_a_busy_thread_is_refused_or_waits_saying_for_what(tmp_path: Path
         assert runs() == before  # nothing recorded
 
         second = start("more", "--agent", "a", "--thread", thread, "--run-id", "r2", "--yes")
-        while "is queued" not in outputs[1].read_text():
-            assert time.monotonic() < deadline and second.poll() is None, outputs[1].read_text()
-            time.sleep(0.05)
-        said = outputs[1].read_text()
+
+        def told() -> str | None:
+            assert second is not None and second.poll() is None, outputs[1].read_text()
+            said = outputs[1].read_text()
+            return said if "is queued" in said else None
+
+        said = eventually(told, what="r2 to say it is queued", every=0.05)
         assert f"run r2 is queued (thread {thread} busy: run r1)" in said
         assert "agent-jobs cancel r2" in said
-        time.sleep(0.5)
         assert agent_jobs("status", "r2", "--json", cwd=tmp_path, env=env).stdout.count(
             '"status": "queued"'
         )
@@ -77,6 +80,10 @@ def test_run_on_a_busy_thread_is_refused_or_waits_saying_for_what(tmp_path: Path
         assert "all done" in outputs[1].read_text()
         for run in runs():
             assert run["status"] == "completed", run
+        # r2 waited for the turn: it began only after r1's turn ended.
+        log = json.loads(agent_jobs("events", thread, "--json", cwd=tmp_path, env=env).stdout)
+        turns = [(e["run_id"], e["type"]) for e in log if e["type"].startswith("turn/")]
+        assert turns.index(("r1", "turn/end")) < turns.index(("r2", "turn/start")), turns
     finally:
         for proc in (first, second):
             if proc is not None:

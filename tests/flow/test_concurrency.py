@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -28,6 +27,7 @@ from tests.support import apps
 from tests.support.apps import concurrency as concurrency_apps
 from tests.support.cluster import Cluster
 from tests.support.services import truncate_all
+from tests.support.waiting import TIMEOUT, eventually, wait_status
 
 APP = {"AGENT_JOBS_APP": "tests.support.apps.concurrency:app"}
 ENDED = ("completed", "failed", "cancelled")
@@ -132,7 +132,7 @@ def test_twenty_runs_of_one_actor_two_at_a_time_across_workers(cluster: Cluster)
         ids = [client.enqueue_run("limited", f"job {n}", actor="user-7") for n in range(20)]
         other = client.enqueue_run("limited", "another actor's", actor="bob")
         for run_id in [*ids, other]:
-            run = cluster.wait(run_id, timeout=60)
+            run = cluster.wait(run_id)
             assert (run.status, run.output) == ("completed", "limited done"), run.error
     assert_two_at_a_time(sampler, ids, other)
     held = cluster.store.get_run(ids[-1])
@@ -146,10 +146,11 @@ def test_a_queued_run_says_what_it_waits_for(cluster: Cluster) -> None:
         # pass may come first, and wait for an earlier run rather than a running one.
         wait_status(cluster.store, first, "running")
         second = client.enqueue_run("single_slow", "two", actor="user-7")
-        deadline = time.monotonic() + 20
-        while (run := cluster.store.get_run(second)).waiting_on is None:
-            assert time.monotonic() < deadline, f"never said why it waits: {run}"
-            time.sleep(0.02)
+        run = eventually(
+            lambda: (r := cluster.store.get_run(second)).waiting_on is not None and r,
+            what=f"{second} to say why it waits",
+            context=lambda: cluster.store.get_run(second),
+        )
         assert run.status == "queued"
         assert run.waiting_on == "concurrency single_slow/user-7: 1 of 1 running"
         assert cluster.wait(first).status == "completed"
@@ -173,13 +174,6 @@ def test_a_run_sent_before_an_earlier_one_began_waits_for_it(cluster: Cluster) -
     assert executions_at(first, "model", "model:1") < executions_at(second, "model", "model:1")
 
 
-def wait_status(store: Store, run_id: str, status: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while (run := store.get_run(run_id)).status != status:
-        assert time.monotonic() < deadline, f"never {status}: {run}"
-        time.sleep(0.02)
-
-
 def test_a_worker_killed_while_running_one_lets_the_next_begin(cluster: Cluster) -> None:
     shipped = {"AGENT_JOBS_STEP_LEASE": "30", "AGENT_JOBS_SWEEP_STALE_AFTER": "60"}
     with (
@@ -188,12 +182,16 @@ def test_a_worker_killed_while_running_one_lets_the_next_begin(cluster: Cluster)
     ):
         first = client.enqueue_run("single_held", "one", actor="user-7")
         second = client.enqueue_run("single_held", "two", actor="user-7")
-        pid, _ = apps.wait_held_starts(first, 1, 30)[0]
+        # Killed at the event: the held step has begun (its start is recorded).
+        [(pid, _)] = eventually(
+            lambda: apps.held_starts(first),
+            what=f"the held step of {first} to begin",
+            context=cluster.logs,
+        )
         assert cluster.store.get_run(second).status == "queued"
-        time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)  # the process running the first run's step
-        assert cluster.wait(first, timeout=60).status == "completed"
-        assert cluster.wait(second, timeout=60).status == "completed"
+        assert cluster.wait(first).status == "completed"
+        assert cluster.wait(second).status == "completed"
     assert len(apps.held_starts(first)) == 2  # the killed step ran again
     assert sampler.most_running([first, second]) == 1
     assert sampler.began(second) > max(
@@ -206,19 +204,23 @@ def test_a_lost_wake_up_is_caught_by_the_sweep(cluster: Cluster) -> None:
         worker = cluster.procs[-1]
         first = client.enqueue_run("single_slow", "one", actor="user-7")
         second = client.enqueue_run("single_slow", "two", actor="user-7")
-        deadline = time.monotonic() + 20
-        while cluster.store.get_run(second).waiting_on is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        eventually(
+            lambda: cluster.store.get_run(second).waiting_on,
+            what=f"{second} to wait for {first}",
+            context=cluster.logs,
+        )
         worker.stop()  # a warm shutdown: the first run ends, its wake-up goes to the broker
         assert cluster.store.get_run(first).status == "completed"
         redis.Redis.from_url(cluster.broker).flushall()  # and is lost
         assert cluster.store.get_run(second).status == "queued"
         cluster.worker(concurrency=2, **APP)
-        time.sleep(1.5)
+        # The new worker had its chance: a run sent after it came up has been taken and
+        # ended (and no sweep runs: beat is not started yet).
+        plain = client.enqueue_run("plain", "meanwhile", actor="bob")
+        assert cluster.wait(plain).status == "completed"
         assert cluster.store.get_run(second).status == "queued"  # nobody woke it
         cluster.beat()
-        assert cluster.wait(second, timeout=30).status == "completed"
+        assert cluster.wait(second).status == "completed"
 
 
 def test_a_delegated_run_is_not_held_by_its_agents_key(cluster: Cluster) -> None:
@@ -226,19 +228,20 @@ def test_a_delegated_run_is_not_held_by_its_agents_key(cluster: Cluster) -> None
         holding = client.enqueue_run("helper", "hold the place", actor="user-7")
         apps_wait_model(holding, 1)
         lead = client.enqueue_run("lead", "delegate", actor="user-7")
-        assert cluster.wait(lead, timeout=30).status == "completed"
-        assert cluster.wait(holding, timeout=30).status == "completed"
+        assert cluster.wait(lead).status == "completed"
+        assert cluster.wait(holding).status == "completed"
     [child] = [r for r in cluster.store.run_tree(lead) if r != lead]
     assert cluster.store.get_run(child).concurrency_key is None
     # The child began while the other helper run still held the key's only place.
     assert executions_at(child, "model", "model:1") < executions_at(holding, "model", "model:2")
 
 
-def apps_wait_model(run_id: str, n: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while ("model", f"model:{n}") not in apps.executed(run_id):
-        assert time.monotonic() < deadline, f"model:{n} of {run_id} never ran"
-        time.sleep(0.02)
+def apps_wait_model(run_id: str, n: int) -> None:
+    eventually(
+        lambda: ("model", f"model:{n}") in apps.executed(run_id),
+        what=f"model:{n} of {run_id} to run",
+        context=lambda: apps.executed(run_id),
+    )
 
 
 # --- the inline runner --------------------------------------------------------------------
@@ -259,7 +262,7 @@ def test_twenty_runs_of_one_actor_two_at_a_time_inline(inline: InlineRunner) -> 
         ids = [inline.start("limited", f"job {n}", actor="user-7") for n in range(20)]
         other = inline.start("limited", "another actor's", actor="bob")
         for run_id in [*ids, other]:
-            run = inline.wait(run_id, timeout=60)
+            run = inline.wait(run_id, timeout=TIMEOUT)
             assert (run.status, run.output) == ("completed", "limited done"), run.error
     assert_two_at_a_time(sampler, ids, other)
 
@@ -271,7 +274,7 @@ def test_keys_by_thread_and_by_function_inline(inline: InlineRunner) -> None:
         free = [inline.start("per_tenant", "free", actor="u") for _ in "12"]
         threaded = [inline.start("per_thread", "t", actor="u") for _ in "12"]
         for run_id in [*a, b, *free, *threaded]:
-            assert inline.wait(run_id, timeout=30).status == "completed"
+            assert inline.wait(run_id, timeout=TIMEOUT).status == "completed"
     keys = [inline.store.get_run(r).concurrency_key for r in [*a, b, *free]]
     assert keys == ["acme", "acme", "globex", None, None]
     assert sampler.most_running(a) == 1  # one tenant's runs, one at a time
@@ -285,10 +288,10 @@ def test_a_queued_inline_run_cancelled_ends_without_a_turn(inline: InlineRunner)
     second = inline.start("single_slow", "two", actor="user-7")
     assert inline.store.get_run(second).status == "queued"
     assert inline.cancel(second) == [second]
-    run = inline.wait(second, timeout=10)
+    run = inline.wait(second, timeout=TIMEOUT)
     assert run.status == "cancelled" and run.error == "cancelled (user)"
     assert "turn/start" not in [e.type for e in inline_events(inline, second)]
-    assert inline.wait(first, timeout=10).status == "completed"
+    assert inline.wait(first, timeout=TIMEOUT).status == "completed"
 
 
 def inline_events(inline: InlineRunner, run_id: str) -> list[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,6 +48,7 @@ from agent_jobs.store.schema import outbox
 from tests.support import apps
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.services import PG_ADMIN_URL, truncate_all
+from tests.support.waiting import eventually
 from tests.support.workers import ROOT, service_env, worker
 
 SECRET = "webhook-secret-for-the-tests"
@@ -164,16 +166,6 @@ def streamed(client: redis.Redis, run_id: str | None = None) -> list[dict[str, A
     entries = cast(list[tuple[bytes, dict[bytes, bytes]]], client.xrange(EVENTS_STREAM))
     found = [json.loads(fields[b"event"]) for _, fields in entries]
     return [e for e in found if run_id is None or e["run_id"] == run_id]
-
-
-def wait_for(check_: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check_()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"no {what} in {timeout}s"
-        time.sleep(0.02)
 
 
 def undelivered(store: Store) -> int:
@@ -528,16 +520,16 @@ def test_a_commit_of_this_process_wakes_its_sender_at_once(
     settings = settings_for(nstore, notify_redis.url(0), notify_poll_interval=30.0)
     sender = Sender(nstore, settings, redis_client=redis.Redis.from_url(notify_redis.url(0)))
     with running(sender):
-        wait_for(lambda: sender.polls >= 1, "first look")
-        time.sleep(0.1)  # asleep for its 30 s poll now
+        eventually(lambda: sender.polls >= 1, what="the sender's first look")
+        looked = time.monotonic()  # its next look is a 30 s poll from here
         run_id = new_run(nstore)
         with nstore.begin() as conn:
             run_rows.finish_run(conn, run_id, "completed", output="ok")
-        committed = time.monotonic()
-        [event] = wait_for(partial(streamed, events, run_id), "the event", timeout=5)
-        assert time.monotonic() - committed < 2  # not the poll: the commit woke it
+        [event] = eventually(partial(streamed, events, run_id), what="the event on the stream")
+        # Not the poll, which comes 30 s after the first look: the commit woke it.
+        assert time.monotonic() - looked < settings.notify_poll_interval
         assert event == bodies(nstore, run_id)[0]
-        wait_for(lambda: undelivered(nstore) == 0, "delivery marked")
+        eventually(lambda: undelivered(nstore) == 0, what="the delivery marked")
         [row] = outbox_rows(nstore)
         assert row["streamed_at"] is not None and row["delivered_at"] is not None
 
@@ -563,7 +555,7 @@ def test_two_senders_deliver_each_row_once(
     try:
         for sender in senders:
             sender.start()
-        wait_for(lambda: undelivered(first) == 0, "every row delivered", timeout=60)
+        eventually(lambda: undelivered(first) == 0, what="every row delivered")
     finally:
         for sender in senders:
             sender.stop()
@@ -599,15 +591,35 @@ def test_a_receiver_that_is_down_then_up_gets_every_event_signed(
     up = Receiver(port)
     with running(sender):
         # The stream does not wait for the webhook: every event is on it at once.
-        wait_for(lambda: len(streamed(events)) == len(written), "every event streamed")
-        time.sleep(3.0)  # the receiver stays down for three seconds
+        eventually(lambda: len(streamed(events)) == len(written), what="every event streamed")
+        # The receiver stays down until a row has been tried four times. What each try
+        # scheduled next (attempts, next_attempt_at), seen as it goes:
+        heads = {event_id for event_id, _ in written[:5]}
+        seen: dict[str, dict[int, Any]] = {event_id: {} for event_id in heads}
+
+        def tried_four_times() -> bool:
+            for r in outbox_rows(pg_store):
+                if r["event_id"] in heads:
+                    seen[r["event_id"]].setdefault(r["attempts"], r["next_attempt_at"])
+            return max(max(tries, default=0) for tries in seen.values()) >= 4
+
+        eventually(tried_four_times, what="a row tried four times", context=lambda: seen)
         tried = {r["event_id"]: r["attempts"] for r in outbox_rows(pg_store)}
         assert undelivered(pg_store) == len(written)
-        # Retries are spaced: over 3 s at base 0.2 s (capped at 1 s) a row is tried a
-        # handful of times, not once a poll (0.05 s: 60 times); the later rows of a run
-        # wait for its first (their one attempt is the stream's).
-        assert 3 <= max(tried.values()) <= 10, tried
-        heads = {event_id for event_id, _ in written[:5]}
+        # Retries are spaced: base 0.2 s, doubling, capped at 1 s, at least half of each
+        # step (not once a poll, 0.05 s): by the sender's own schedule, each webhook try
+        # (the first attempt is the stream's) is due no sooner than half a step after
+        # the one before was.
+        pairs = 0
+        for tries in seen.values():
+            posts = sorted(n for n in tries if n >= 2)
+            for a, b in itertools.pairwise(posts):
+                least = sum(min(1.0, 0.2 * 2.0 ** (k - 1)) / 2 for k in range(a + 1, b + 1))
+                spaced = (tries[b] - tries[a]).total_seconds()
+                assert spaced >= least, (a, b, spaced, least, tries)
+                pairs += 1
+        assert pairs >= 1, seen  # retries were seen, and their spacing judged
+        # The later rows of a run wait for its first (their one attempt is the stream's).
         assert all(n == 1 for event_id, n in tried.items() if event_id not in heads)
         assert all(
             "ConnectError" in (r["last_error"] or "")
@@ -616,7 +628,7 @@ def test_a_receiver_that_is_down_then_up_gets_every_event_signed(
         )
         up.start()
         try:
-            wait_for(lambda: undelivered(pg_store) == 0, "every event delivered", timeout=30)
+            eventually(lambda: undelivered(pg_store) == 0, what="every event delivered")
         finally:
             up.stop()
     ids = [event_id for event_id, _ in written]
@@ -642,7 +654,7 @@ def test_a_receiver_answering_500_then_200_is_retried_with_backoff(
     sender = Sender(pg_store, settings, webhook=Webhook.from_settings(settings))
     try:
         with running(sender):
-            wait_for(lambda: undelivered(pg_store) == 0, "delivery", timeout=20)
+            eventually(lambda: undelivered(pg_store) == 0, what="the delivery")
     finally:
         failing.stop()
     assert [g.status for g in failing.got] == [500, 503, 500, 200]
@@ -666,7 +678,7 @@ def test_a_refusal_is_logged_loudly_and_still_retried(
     caplog.set_level(logging.WARNING, logger="agent_jobs.notify.sender")
     try:
         with running(sender):
-            wait_for(lambda: undelivered(pg_store) == 0, "delivery after the refusal")
+            eventually(lambda: undelivered(pg_store) == 0, what="delivery after the refusal")
     finally:
         refusing.stop()
     assert [g.status for g in refusing.got] == [400, 200]
@@ -753,14 +765,14 @@ def test_the_readme_receiver_verifies_what_the_sender_signs(pg_store: Store) -> 
     )
     try:
         url = f"http://127.0.0.1:{port}/"
-        wait_for(lambda: _listening(port), "the README's receiver")
+        eventually(lambda: _listening(port), what="the README's receiver to listen")
         run_id = new_run(pg_store)
         with pg_store.begin() as conn:
             run_rows.finish_run(conn, run_id, "completed", output="Order 42 <b>shipped</b>")
         settings = settings_for(pg_store, None, webhook_url=url, webhook_secret=SECRET)
         sender = Sender(pg_store, settings, webhook=Webhook.from_settings(settings))
         with running(sender):
-            wait_for(lambda: undelivered(pg_store) == 0, "delivery to the README's receiver")
+            eventually(lambda: undelivered(pg_store) == 0, what="delivery to the README's receiver")
         forged = Webhook(url, "not-the-secret", timeout=5)
         refused = forged.post("e1", notices.encode({"type": "run.completed"}))
         forged.close()

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,12 @@ import redis
 
 from agent_jobs import InlineRunner
 from agent_jobs.client import Client
-from agent_jobs.dispatch import CeleryDispatcher, celery_client
+from agent_jobs.dispatch import COORDINATE, CeleryDispatcher, celery_client
 from agent_jobs.messages import args_sha256
 from agent_jobs.notify.sender import stop_sender
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
+from agent_jobs.store.schema import outbox
 from tests.operations.test_notifications import (
     SECRET,
     Receiver,
@@ -34,15 +34,14 @@ from tests.operations.test_notifications import (
     own_database,
     settings_for,
     streamed,
-    wait_for,
 )
 from tests.support import apps
 from tests.support.redis_server import RedisServer
 from tests.support.services import truncate_all
+from tests.support.waiting import eventually
 from tests.support.workers import ROOT, TEST_POOLS, Process, service_env, start_worker
 
 BROKER_DB = 1  # the durable runs' broker, and the Redis their workers append events to
-QUIET = 1.0  # seconds to wait for an event that must not come
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +74,44 @@ class Driven:
         """Drive the run again where it stands (what a sweep or a stray wake-up does)."""
 
     def wait_status(self, run_id: str, status: str) -> None:
-        wait_for(lambda: self.store.get_run(run_id).status == status, f"status {status}")
+        eventually(
+            lambda: self.store.get_run(run_id).status == status,
+            what=f"{run_id} to be {status}",
+            context=lambda: self.store.get_run(run_id).status,
+        )
+
+    def redriven(self) -> bool:
+        """Every re-drive the test asked for has been done."""
+        return True
+
+    def settled(self, run_id: str) -> bool:
+        """Nothing left that could write another notification: no step of the run is
+        running, every re-drive asked for is done, and every notification written is
+        on the stream (a notification's row is written with the status it tells of)."""
+        with self.store.connect() as conn:
+            rows = conn.execute(outbox.select().where(outbox.c.run_id == run_id)).all()
+        running = [j for j in self.store.journal(run_id) if j["state"] == "running"]
+        return not running and self.redriven() and all(r.streamed_at for r in rows)
+
+    def written(self, run_id: str) -> int:
+        with self.store.connect() as conn:
+            return len(conn.execute(outbox.select().where(outbox.c.run_id == run_id)).all())
 
     def notified(self, run_id: str, count: int) -> list[dict[str, Any]]:
-        """The run's events once `count` have arrived, and after a quiet second no more."""
-        wait_for(lambda: len(streamed(self.events, run_id)) >= count, f"{count} events")
-        time.sleep(QUIET)
+        """The run's events once `count` have arrived and the run has settled: no more
+        were written, none more is on the stream."""
+        eventually(
+            lambda: len(streamed(self.events, run_id)) >= count,
+            what=f"{count} events of {run_id}",
+            context=lambda: [e["type"] for e in streamed(self.events, run_id)],
+        )
+        eventually(
+            lambda: self.settled(run_id),
+            what=f"{run_id} to settle",
+            context=lambda: self.store.journal(run_id),
+        )
         found = streamed(self.events, run_id)
-        assert len(found) == count, [e["type"] for e in found]
+        assert len(found) == count == self.written(run_id), [e["type"] for e in found]
         return found
 
 
@@ -110,10 +139,14 @@ class Inline(Driven):
 class Durable(Driven):
     kind = "durable"
 
-    def __init__(self, store: Store, client: Client, events: redis.Redis) -> None:
+    def __init__(
+        self, store: Store, client: Client, events: redis.Redis, logs: Callable[[], str]
+    ) -> None:
         self.store = store
         self.client = client
         self.events = events
+        self.logs = logs
+        self.redrives: list[str] = []  # the ids of the coordinate tasks the test sent
 
     def start(self, agent: str) -> str:
         return self.client.enqueue_run(agent, "go", actor="user-7", metadata={"ticket": 7})
@@ -128,8 +161,16 @@ class Durable(Driven):
         self.client.cancel(run_id)
 
     def redrive(self, run_id: str) -> None:
-        assert self.client.dispatcher is not None
-        self.client.dispatcher.coordinate(run_id)
+        """`dispatcher.coordinate`, keeping the task's id: the worker's log says when it
+        is done."""
+        dispatcher = self.client.dispatcher
+        assert isinstance(dispatcher, CeleryDispatcher)
+        sent = dispatcher.celery.send_task(COORDINATE, args=[run_id], queue=dispatcher.queue)
+        self.redrives.append(sent.id)
+
+    def redriven(self) -> bool:
+        logs = self.logs()
+        return all(f"[{task_id}] succeeded" in logs for task_id in self.redrives)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +242,9 @@ def driven(
     celery = celery_client(broker, queue)
     settings = Settings(broker_url=broker, database_url=notify_pg, queue=queue)
     try:
-        yield Durable(store, Client(store, apps.app, settings, CeleryDispatcher(celery)), events)
+        client = Client(store, apps.app, settings, CeleryDispatcher(celery))
+        logs = request.getfixturevalue("workers")["procs"][pool].log
+        yield Durable(store, client, events, logs)
     finally:
         celery.close()
         events.close()
@@ -233,7 +276,7 @@ def posted(hook: Receiver, events: list[dict[str, Any]]) -> None:
     def arrived() -> bool:
         return ids <= {g.event["event_id"] for g in hook.delivered()}
 
-    wait_for(arrived, "the webhook's copies")
+    eventually(arrived, what="the webhook's copies")
     got = [g for g in hook.delivered() if g.event["event_id"] in ids]
     assert all(g.signed for g in got)
     assert {g.event["event_id"]: g.event for g in got} == {e["event_id"]: e for e in events}
@@ -293,8 +336,20 @@ def test_questions_notify_once_each_then_the_end(driven: Driven, hook: Receiver)
     requests = sorted(e["request_id"] for e in asked)
     assert requests == sorted(q["request_id"] for q in driven.store.open_questions(run_id))
     driven.answer(run_id, requests[0])
-    time.sleep(QUIET)  # the run still waits on the other: nothing new to tell
-    assert len(streamed(driven.events, run_id)) == 2
+    # The answered read has run again, with its answer; the run still waits on the
+    # other: nothing new to tell.
+    answered = f"tool:{requests[0].split(':')[0]}"
+
+    def ran_again() -> bool:
+        return any(j["step"] == answered and j["state"] == "done" for j in journal(run_id))
+
+    journal = driven.store.journal
+    eventually(
+        ran_again,
+        what=f"{answered} of {run_id} to be done",
+        context=lambda: driven.store.journal(run_id),
+    )
+    assert driven.notified(run_id, 2) == asked
     driven.answer(run_id, requests[1])
     *_, done = driven.notified(run_id, 3)
     common(done, run_id, "completed")
