@@ -27,7 +27,6 @@ import click
 import pytest
 import yaml
 
-
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
