@@ -132,6 +132,7 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
     from agent_jobs.streams.redis_streams import RedisStreams
     from tests.support import apps
     from tests.support.harness import DurableHarness, InlineHarness
+    from tests.support.local_worker import local_runner
 
     store = Store.from_url(pg_url)
     try:
@@ -139,6 +140,17 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
             yield InlineHarness(
                 InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
             )
+            return
+        if kind == "durable-local":
+            local_url = str(request.getfixturevalue("redis_url")).rsplit("/", 1)[0] + "/2"
+            settings = Settings(database_url=pg_url)
+            _, dispatcher, local_streams = local_runner(apps.app, store, local_url, settings)
+            try:
+                yield DurableHarness(Client(store, apps.app, settings, dispatcher), local_streams)
+            finally:
+                dispatcher.close()
+                local_streams.client.close()
+            assert not dispatcher.errors, f"a durable-local task raised: {dispatcher.errors!r}"
             return
         broker = request.getfixturevalue("durable_broker")
         pool = kind.partition("-")[2] or TEST_POOLS[0]
@@ -157,15 +169,23 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
         store.engine.dispose()
 
 
-# The durable runner on each pool the tests run on: "durable" is the first's.
-HARNESSES = ["inline", "durable", *(f"durable-{pool}" for pool in TEST_POOLS[1:])]
+# The inline runner; the durable runner driven in this process ("durable-local", the
+# services layer: tests/support/local_worker.py); and the durable runner on real workers
+# of each pool the tests run on ("durable" is the first's).
+HARNESSES = [
+    "inline",
+    "durable-local",
+    "durable",
+    *(f"durable-{pool}" for pool in TEST_POOLS[1:]),
+]
 
 
 @pytest.fixture(params=HARNESSES)
 def harness(
     request: pytest.FixtureRequest, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[object]:
-    """The same scenarios on the inline runner and on the durable one (real workers)."""
+    """The same scenarios on the inline runner and on the durable one (in this process,
+    and on real workers)."""
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
     _truncate(pg_url)
     with _harness(request.param, request, pg_url) as made:
