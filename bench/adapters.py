@@ -57,8 +57,8 @@ from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from agent_jobs.streams.base import stream_key  # noqa: E402
 from bench.durable import fresh_database, percentile  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.workers import Process, service_env, start_worker  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.workers import Process, service_env, start_worker  # noqa: E402
 
 ADAPTERS = ("openai", "anthropic")
 PIECES = ["Order 42 ", "has shipped ", "and arrives ", "tomorrow."]

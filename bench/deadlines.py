@@ -5,7 +5,7 @@ decision on the call's record.
 
 On a database and a `redis-server` of its own, one worker (threads, as compose ships it)
 and beat with the shipped sweep interval (30 s). `--runs` runs of an agent whose refund
-times out after 1 s (`tests/apps.py`, `lapsing`), nobody deciding:
+times out after 1 s (`tests/support/apps`, `lapsing`), nobody deciding:
 
 - wake-up: a deadline within a step's time limit (`AGENT_JOBS_STEP_TIME_LIMIT`, 300 s by
   default) wakes its run with a delayed re-drive, which decides it;
@@ -35,9 +35,9 @@ from agent_jobs.dispatch import CeleryDispatcher, celery_client  # noqa: E402
 from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from bench.durable import fresh_database, percentile  # noqa: E402
-from tests import apps  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.workers import service_env, start_beat, start_worker  # noqa: E402
+from tests.support import apps  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.workers import service_env, start_beat, start_worker  # noqa: E402
 
 SWEEP_INTERVAL = 30.0  # the shipped AGENT_JOBS_SWEEP_INTERVAL
 
@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     server = RedisServer().start()
     url = fresh_database(args.pg, "agent_jobs_bench_deadlines")
-    os.environ["AGENT_JOBS_DATABASE_URL"] = url  # tests/apps.py's side table
+    os.environ["AGENT_JOBS_DATABASE_URL"] = url  # tests/support/apps side table
     figures: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:

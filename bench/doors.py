@@ -45,8 +45,8 @@ from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from bench.doors_app import app, started_key  # noqa: E402
 from bench.durable import fresh_database, percentile  # noqa: E402
-from tests.redis_server import RedisServer, free_port  # noqa: E402
-from tests.workers import Process, service_env, start_worker  # noqa: E402
+from tests.support.redis_server import RedisServer, free_port  # noqa: E402
+from tests.support.workers import Process, service_env, start_worker  # noqa: E402
 
 SECRET = "bench-doors-secret"
 CHANNEL = "agent_jobs:approvals"

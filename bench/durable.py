@@ -42,8 +42,8 @@ from agent_jobs.store import Store  # noqa: E402
 from agent_jobs.store.db import make_engine, upgrade  # noqa: E402
 from agent_jobs.store.schema import journal, runs  # noqa: E402
 from bench.apps import app  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.workers import Process, service_env, start_worker  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.workers import Process, service_env, start_worker  # noqa: E402
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -48,8 +48,8 @@ from agent_jobs.store.db import utcnow  # noqa: E402
 from agent_jobs.store.schema import outbox  # noqa: E402
 from bench.apps import app  # noqa: E402
 from bench.durable import fresh_database, percentile  # noqa: E402
-from tests.redis_server import RedisServer, free_port  # noqa: E402
-from tests.workers import service_env, start_worker  # noqa: E402
+from tests.support.redis_server import RedisServer, free_port  # noqa: E402
+from tests.support.workers import service_env, start_worker  # noqa: E402
 
 SECRET = "bench-notifications-secret"
 

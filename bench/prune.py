@@ -43,8 +43,8 @@ from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from bench.apps import app  # noqa: E402
 from bench.durable import fresh_database, libpq, percentile, run_all  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.workers import service_env, start_worker  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.workers import service_env, start_worker  # noqa: E402
 
 CHUNK = 10_000  # old runs copied in a transaction
 ENDED_DAYS_AGO = 40

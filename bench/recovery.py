@@ -37,9 +37,9 @@ from agent_jobs.dispatch import CeleryDispatcher, celery_client  # noqa: E402
 from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from bench.durable import fresh_database  # noqa: E402
-from tests import apps  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.workers import Process, service_env, start_beat, start_worker  # noqa: E402
+from tests.support import apps  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.workers import Process, service_env, start_beat, start_worker  # noqa: E402
 
 
 def one(client: Client, kill: str, workers: list[Process], timeout: float) -> float:

@@ -34,7 +34,7 @@ from agent_jobs.store import Store  # noqa: E402
 from agent_jobs.store import journal as journal_rows  # noqa: E402
 from agent_jobs.streams.base import MemoryStreams  # noqa: E402
 from bench.durable import fresh_database  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 
 def agent_app(steps: int) -> AgentApp:

@@ -116,7 +116,7 @@ def main() -> None:
     if strace is None:
         raise SystemExit("bench.round_trips needs strace (apt-get install strace)")
     from bench.durable import fresh_database
-    from tests.redis_server import RedisServer
+    from tests.support.redis_server import RedisServer
 
     url = fresh_database(args.pg, "agent_jobs_round_trips")
     server = RedisServer().start()
