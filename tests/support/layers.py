@@ -75,6 +75,9 @@ MODULES: dict[str, str] = {
     "tests/flow/test_rate_limits_buckets.py": "services",
     "tests/operations/test_compose.py::"
     "test_a_database_password_with_url_characters_reaches_postgres_intact": "services",
+    "tests/operations/test_notifications.py::"
+    "test_a_worker_with_a_webhook_but_no_secret_stops_at_start": "workers",
+    "tests/runs/test_tools.py::test_a_worker_loads_the_app_from_its_working_directory": "workers",
     # browser
     "tests/doors/test_inbox_page.py": "browser",
     "tests/operations/test_flower_page.py": "browser",
