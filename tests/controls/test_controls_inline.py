@@ -4,7 +4,6 @@ resume` records it); a run that failed on a step is retried here; any run is for
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from agent_jobs.store import RunView, Store
 from tests.support.apps import controls as controls_apps
 from tests.support.apps import executed
 from tests.support.services import truncate_all
+from tests.support.waiting import TIMEOUT, eventually
 
 
 class Inline:
@@ -33,12 +33,8 @@ class Inline:
         # Another process's doors: they record in the database alone.
         self.elsewhere = Client(store, controls_apps.app, Settings())
 
-    def wait_for(self, check: Any, what: str, timeout: float = 20) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (found := check()):
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.02)
-        return found
+    def wait_for(self, check: Any, what: str) -> Any:
+        return eventually(check, what=what)
 
     def wait_status(self, run_id: str, status: str) -> RunView:
         def reached() -> RunView | None:
@@ -70,9 +66,18 @@ def ran(run_id: str) -> list[str]:
 
 @pytest.mark.parametrize("resumer", ["here", "elsewhere"])
 def test_a_run_driven_here_pauses_at_its_next_boundary_and_resumes(
-    inline: Inline, resumer: str
+    inline: Inline, resumer: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner = inline.runner
+    looks: list[str] = []  # each look of the run's thread at a boundary, or while held
+    look = runner._check_cancel
+
+    def counted(run_id: str) -> RunView | None:
+        found = look(run_id)
+        looks.append(run_id)
+        return found
+
+    monkeypatch.setattr(runner, "_check_cancel", counted)
     run_id = runner.start("pausable", "go", actor="user-7")
     inline.wait_for(lambda: "crawl:start" in ran(run_id), "the slow read to start")
     pauser = runner if resumer == "here" else inline.elsewhere
@@ -81,12 +86,15 @@ def test_a_run_driven_here_pauses_at_its_next_boundary_and_resumes(
 
     run = inline.wait_status(run_id, "paused")
     assert run.waiting_on == "paused by alice"
-    time.sleep(0.5)
+    # The thread that drives it (here, whoever paused) holds it at the boundary, looking
+    # again and again: two looks more and it had its chance to run on, and did not.
+    seen = looks.count(run_id)
+    eventually(lambda: looks.count(run_id) >= seen + 2, what="the held thread to look twice")
     assert ran(run_id) == ["model", "crawl:start", "crawl"]  # nothing more ran
     assert [row["step"] for row in inline.store.journal(run_id)][-1] == "tool:call_1"
 
     assert pauser.resume(run_id, actor="backend") == [run_id]
-    run = runner.wait(run_id, timeout=20)
+    run = runner.wait(run_id, timeout=TIMEOUT)
     assert run.status == "completed" and run.output == "all crawled"
     assert run.waiting_on is None
     assert ran(run_id).count("model") == 3
@@ -109,20 +117,20 @@ def test_a_paused_run_that_is_cancelled_stops_there(inline: Inline) -> None:
     runner.pause(run_id, actor="alice")
     inline.wait_status(run_id, "paused")
     runner.cancel(run_id)
-    run = runner.wait(run_id, timeout=20)
+    run = runner.wait(run_id, timeout=TIMEOUT)
     assert run.status == "cancelled" and ran(run_id).count("model") == 1
 
 
 def test_a_run_that_failed_on_a_step_is_retried_here_from_that_step(inline: Inline) -> None:
     runner = inline.runner
     run_id = runner.start("flaky", "go", actor="user-7")
-    run = runner.wait(run_id, timeout=20)
+    run = runner.wait(run_id, timeout=TIMEOUT)
     assert run.status == "failed" and run.error_type == "ModelError"
     before = inline.store.journal(run_id)
 
     (inline.gates / run_id).touch()
     assert runner.retry(run_id, actor="alice").steps == ["model:2"]
-    run = runner.wait(run_id, timeout=20)
+    run = runner.wait(run_id, timeout=TIMEOUT)
     assert run.status == "completed" and run.output == "answered after all"
     assert ran(run_id) == ["model", "peek", "model", "model"]  # model:2 ran once more
     after = inline.store.journal(run_id)
@@ -142,7 +150,7 @@ def test_a_run_that_failed_otherwise_is_not_retried(inline: Inline) -> None:
     runner = inline.runner
     run_id = runner.start("pausable", "go", actor="user-7")
     runner.cancel(run_id)
-    assert runner.wait(run_id, timeout=20).status == "cancelled"
+    assert runner.wait(run_id, timeout=TIMEOUT).status == "cancelled"
     with pytest.raises(ControlRefusedError, match="cancelled"):
         runner.retry(run_id, actor="alice")
 
@@ -158,14 +166,14 @@ def test_a_run_is_forked_here_at_a_model_or_a_tool_step(
     source = runner.start("forkable", "go", actor="user-7")
     inline.wait_status(source, "awaiting_approval")
     assert runner.signal(source, "call_2", "approve", actor="alice")
-    assert runner.wait(source, timeout=20).status == "completed"
+    assert runner.wait(source, timeout=TIMEOUT).status == "completed"
 
     forked = runner.fork(source, at, actor="alice")
     assert forked.runs_again == [Again("tool:call_2", "charge", "call_2")]
     if at == "model:2":  # the charge is asked for again
         inline.wait_status(forked.run_id, "awaiting_approval")
         assert runner.signal(forked.run_id, "call_2", "approve", actor="alice")
-    run = runner.wait(forked.run_id, timeout=20)
+    run = runner.wait(forked.run_id, timeout=TIMEOUT)
     assert run.status == "completed" and run.output == "Order 42 charged."
     assert run.thread_id != inline.store.get_run(source).thread_id
     assert ran(forked.run_id) == reran

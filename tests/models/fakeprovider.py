@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from agent_jobs.messages import Message, ModelRequest, ModelSettings, ToolSpec
+from tests.support.waiting import TIMEOUT
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Gate:
     """A point in a stream where the server waits until the test opens it."""
 
     opened: threading.Event = field(default_factory=threading.Event)
-    timeout: float = 5.0
+    timeout: float = TIMEOUT  # a guard against a hang: a gate that times out fails its test
     reached: threading.Event = field(default_factory=threading.Event)  # the server waits here
 
 

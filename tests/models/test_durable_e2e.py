@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from agent_jobs.store import Store
 from agent_jobs.streams.base import stream_key
 from agent_jobs.streams.text import assemble_text, is_attempt_marker
 from tests.support.services import truncate_all
+from tests.support.waiting import eventually
 from tests.support.workers import ROOT, Process, service_env, start_beat, worker
 
 HERE = Path(__file__).resolve().parent
@@ -132,14 +132,11 @@ class Deployment:
                 repr(conn.execute(text(f'SELECT * FROM "{name}"')).all()) for name in names
             )
 
-    def until(self, what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, f"never {what}:\n{self.logs()[-6000:]}"
-            time.sleep(0.02)
+    def until(self, what: str, check: Callable[[], bool]) -> None:
+        eventually(check, what=what, context=lambda: self.logs()[-6000:])
 
-    def wait(self, run_id: str, timeout: float = 45) -> RunView:
-        self.until("finished", lambda: self.store.get_run(run_id).finished, timeout)
+    def wait(self, run_id: str) -> RunView:
+        self.until(f"run {run_id} to finish", lambda: self.store.get_run(run_id).finished)
         return self.store.get_run(run_id)
 
     def close(self) -> None:
@@ -424,7 +421,7 @@ def _partial_then_final(adapter: str) -> tuple[Reply, Reply]:
 
 
 def assert_retried_behind_the_marker(d: Deployment, run_id: str, adapter: str) -> None:
-    run = d.wait(run_id, timeout=60)
+    run = d.wait(run_id)
     assert run.status == "completed", (run.error, d.logs()[-6000:])
     assert run.output == "Order 42 has shipped."
     assert len(d.fake.requests) == 2
@@ -488,7 +485,7 @@ def test_a_model_step_killed_mid_stream_runs_again_behind_the_attempt_marker(
 ) -> None:
     cluster = crash_cluster
     # The first attempt streams two pieces, then the provider holds the stream open.
-    gate = Gate(timeout=60)
+    gate = Gate()
     doomed, final = _partial_then_final(adapter)
     doomed = Reply(chunks=[*doomed.chunks, gate])
     cluster.fake.add(doomed, final)

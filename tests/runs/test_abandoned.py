@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tests.doors.test_cli import _app_env, _start_waiting, _status, _until, agen
 from tests.support import apps
 from tests.support.apps import concurrency as concurrency_apps
 from tests.support.services import truncate_all
+from tests.support.waiting import TIMEOUT, eventually
 
 
 def a_dead_driver() -> str:
@@ -159,20 +159,32 @@ def abandoned_run(store: Store, run_id: str, driver: str | None, **fields: Any) 
 def test_a_dead_runs_place_of_its_key_is_given_up(inline: InlineRunner) -> None:
     abandoned_run(inline.store, "gone-1", a_dead_driver(), concurrency_key="user-7")
     run_id = inline.start("single_slow", "next", actor="user-7")
-    run = inline.wait(run_id, timeout=30)
+    run = inline.wait(run_id, timeout=TIMEOUT)
     assert (run.status, run.output) == ("completed", "slow done")
     gone_run = inline.store.get_run("gone-1")
     assert (gone_run.status, gone_run.error_type) == ("failed", RunAbandonedError.__name__)
 
 
-def test_a_run_with_no_driver_or_a_live_one_keeps_its_place(inline: InlineRunner) -> None:
+def test_a_run_with_no_driver_or_a_live_one_keeps_its_place(
+    inline: InlineRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[str | None] = []  # each finished look for abandoned runs in a run's way
+    ends_abandoned = inline._abandoned
+
+    def counted(**in_the_way: Any) -> None:
+        ends_abandoned(**in_the_way)
+        looks.append(in_the_way.get("but"))
+
+    monkeypatch.setattr(inline, "_abandoned", counted)
     abandoned_run(inline.store, "unknown-1", None, concurrency_key="user-7")
     run_id = inline.start("single_slow", "next", actor="user-7")
-    time.sleep(1.5)
+    # The queued run looked twice (the second look follows the first's admission check,
+    # OTHERS_POLL later): it had its chance to end the run in its way, and did not.
+    eventually(lambda: looks.count(run_id) >= 2, what="the queued run to look twice")
     assert inline.store.get_run(run_id).status == "queued"
     assert inline.store.get_run("unknown-1").status == "running"
     inline.cancel(run_id)
-    assert inline.wait(run_id, timeout=10).status == "cancelled"
+    assert inline.wait(run_id, timeout=TIMEOUT).status == "cancelled"
 
 
 def test_a_dead_runs_delegated_runs_end_with_it(inline: InlineRunner) -> None:

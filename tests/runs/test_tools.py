@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from agent_jobs.tools import QuestionsAsked, Tool, ToolContext
 from tests.support.apps import executed
 from tests.support.harness import Harness
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import TIMEOUT, eventually
 
 BIN = Path(sys.executable).parent
 
@@ -396,7 +396,7 @@ def test_the_cli_loads_the_app_from_its_working_directory(tmp_path: Path) -> Non
         ),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=TIMEOUT,
     )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -437,11 +437,17 @@ def cwd_worker(tmp_path: Path, pg_url: str, redis_server: RedisServer) -> Iterat
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 30
-        while "ready." not in log_path.read_text(errors="replace"):
+
+        def ready() -> bool:
             assert proc.poll() is None, log_path.read_text(errors="replace")
-            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
-            time.sleep(0.05)
+            return "ready." in log_path.read_text(errors="replace")
+
+        eventually(
+            ready,
+            what="the worker to say it is ready",
+            every=0.05,
+            context=lambda: log_path.read_text(errors="replace"),
+        )
         yield env | {"WORKER_LOG": str(log_path)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -463,7 +469,7 @@ def test_a_worker_loads_the_app_from_its_working_directory(
             env=env,
             capture_output=True,
             text=True,
-            timeout=45,
+            timeout=TIMEOUT,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("the run never finished:\n" + Path(cwd_worker["WORKER_LOG"]).read_text())

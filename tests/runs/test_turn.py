@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ from agent_jobs.errors import DecisionRefusedError, UnknownAgentError, UnknownCa
 from agent_jobs.settings import Settings
 from agent_jobs.streams.base import Frame
 from tests.support.builders import RecordingModel, support_app
+from tests.support.waiting import TIMEOUT, wait_status
 
 
 def make_runner(app: AgentApp, store: Store, **settings: Any) -> InlineRunner:
@@ -45,13 +45,13 @@ def test_quota_exceeded_makes_no_model_call(store: Store) -> None:
     app = support_app(model, quota=20)
     runner = make_runner(app, store)
     first = runner.run(
-        "support", "hello there, please answer at length", actor="user-7", timeout=10
+        "support", "hello there, please answer at length", actor="user-7", timeout=TIMEOUT
     )
     assert first.status == "completed"
     assert store.tokens_used("user-7", first.day) >= 20
     calls_before = len(model.requests)
 
-    second = runner.run("support", "again", actor="user-7", timeout=10)
+    second = runner.run("support", "again", actor="user-7", timeout=TIMEOUT)
 
     assert second.status == "failed"
     assert second.error_type == "QuotaExceededError"
@@ -59,7 +59,7 @@ def test_quota_exceeded_makes_no_model_call(store: Store) -> None:
     assert len(model.requests) == calls_before  # no model call was made
     assert [j["step"] for j in store.journal(second.run_id)] == ["quota:check"]
     # Another actor still has budget.
-    assert runner.run("support", "hi", actor="bob", timeout=10).status == "completed"
+    assert runner.run("support", "hi", actor="bob", timeout=TIMEOUT).status == "completed"
 
 
 # 2. Persist and load ----------------------------------------------------------------------
@@ -68,9 +68,9 @@ def test_quota_exceeded_makes_no_model_call(store: Store) -> None:
 def test_user_message_is_stamped_and_history_reaches_the_model(store: Store) -> None:
     model = RecordingModel([{"text": "an answer"}])  # each run starts the script afresh
     runner = make_runner(support_app(model), store)
-    first = runner.run("support", "first question", actor="user-7", timeout=10)
+    first = runner.run("support", "first question", actor="user-7", timeout=TIMEOUT)
     second = runner.run(
-        "support", "second question", actor="user-7", thread_id=first.thread_id, timeout=10
+        "support", "second question", actor="user-7", thread_id=first.thread_id, timeout=TIMEOUT
     )
     assert second.status == "completed"
 
@@ -110,16 +110,16 @@ def test_persona_wraps_prompt_and_roles_decide_offered_tools(store: Store) -> No
     app.persona("pirate", "Talk like a pirate.\n{system}\nArr.", tools=["lookup_order", "refund"])
     runner = make_runner(app, store)
 
-    runner.run("support", "hi", actor="user-7", timeout=10)
+    runner.run("support", "hi", actor="user-7", timeout=TIMEOUT)
     assert model.requests[-1].system == "You are support."
     assert [t.name for t in model.requests[-1].tools] == ["lookup_order", "slow_read", "refund"]
     assert model.requests[-1].tools[0].input_schema["required"] == ["order_id"]
 
-    runner.run("support", "hi", actor="user-7", persona="pirate", timeout=10)
+    runner.run("support", "hi", actor="user-7", persona="pirate", timeout=TIMEOUT)
     assert model.requests[-1].system == "Talk like a pirate.\nYou are support.\nArr."
     assert [t.name for t in model.requests[-1].tools] == ["lookup_order", "refund"]
 
-    runner.run("support", "hi", actor="eve", timeout=10)  # eve has no support role
+    runner.run("support", "hi", actor="eve", timeout=TIMEOUT)  # eve has no support role
     assert [t.name for t in model.requests[-1].tools] == ["lookup_order", "slow_read"]
 
 
@@ -167,7 +167,7 @@ def test_read_runs_at_once_and_action_waits_for_approval(store: Store) -> None:
             assert store.get_run(run_id).waiting_on == "awaiting_approval refund call_2"
             assert app.calls == [("lookup_order", "42")]  # the action has not run
             assert runner.signal(run_id, frame["call_id"], "approve", actor="alice")
-    view = runner.wait(run_id, 10)
+    view = runner.wait(run_id, TIMEOUT)
 
     assert view.status == "completed" and view.output == "refunded"
     records = {c["call_id"]: c for c in store.tool_calls(run_id)}
@@ -191,7 +191,7 @@ def test_rejection_is_recorded_and_reaches_the_model(store: Store) -> None:
     runner = make_runner(app, store)
     run_id = runner.start("support", "refund 9", actor="user-7")
     approve_when_asked(runner, run_id, "reject")
-    view = runner.wait(run_id, 10)
+    view = runner.wait(run_id, TIMEOUT)
 
     assert view.status == "completed"
     assert app.calls == []  # the refund never ran
@@ -211,7 +211,7 @@ def test_actor_without_the_role_cannot_run_the_tool_even_when_asked(store: Store
     )
     app = support_app(model)
     runner = make_runner(app, store)
-    view = runner.run("support", "refund", actor="eve", timeout=10)  # eve lacks "support"
+    view = runner.run("support", "refund", actor="eve", timeout=TIMEOUT)  # eve lacks "support"
 
     assert view.status == "completed"
     assert app.calls == []
@@ -239,7 +239,7 @@ def test_role_is_rechecked_at_invocation(store: Store) -> None:
         if frame["type"] == "approval_request":
             roles["user-7"] = []  # revoked while the call waited for approval
             runner.signal(run_id, frame["call_id"], "approve", actor="alice")
-    view = runner.wait(run_id, 10)
+    view = runner.wait(run_id, TIMEOUT)
     assert view.status == "completed"
     assert app.calls == []
     record = store.tool_calls(run_id)[0]
@@ -259,7 +259,7 @@ def test_bad_arguments_and_unknown_tools_come_back_as_tool_errors(store: Store) 
         ]
     )
     app = support_app(model)
-    view = make_runner(app, store).run("support", "x", actor="user-7", timeout=10)
+    view = make_runner(app, store).run("support", "x", actor="user-7", timeout=TIMEOUT)
 
     assert view.status == "completed" and view.output == "sorry"
     assert app.calls == []
@@ -281,7 +281,7 @@ def test_a_failing_handler_is_a_tool_error_not_a_crash(store: Store) -> None:
         [{"tool_calls": [{"name": "explode", "args": {"reason": "boom"}}]}, {"text": "recovered"}]
     )
     app.agent("a", model=model, tools=["explode"])
-    view = make_runner(app, store).run("a", "go", timeout=10)
+    view = make_runner(app, store).run("a", "go", timeout=TIMEOUT)
     assert view.status == "completed" and view.output == "recovered"
     assert model.requests[-1].messages[-1].content == '{"error":"RuntimeError: boom"}'
 
@@ -304,7 +304,7 @@ def test_handler_gets_context_with_idempotency_key(store: Store) -> None:
     )
     schema = app.registry.get("remember").spec().input_schema
     assert "ctx" not in schema["properties"]
-    view = make_runner(app, store).run("a", "go", actor="zed", timeout=10)
+    view = make_runner(app, store).run("a", "go", actor="zed", timeout=TIMEOUT)
     assert seen[0].idempotency_key == f"{view.run_id}:tool:call_1"
     assert (seen[0].run_id, seen[0].step, seen[0].actor) == (view.run_id, "tool:call_1", "zed")
 
@@ -317,26 +317,30 @@ def test_two_reads_overlap_and_results_stay_in_call_order(store: Store) -> None:
         [
             {
                 "tool_calls": [
-                    {"name": "slow_read", "args": {"n": 1}},
-                    {"name": "slow_read", "args": {"n": 2}},
+                    {"name": "paired_read", "args": {"n": 1}},
+                    {"name": "paired_read", "args": {"n": 2}},
                 ]
             },
             {"text": "done"},
         ]
     )
-    runner = make_runner(support_app(model), store)
-    run_id = runner.start("support", "x", actor="user-7")
-    arrivals = [(time.monotonic(), frame["type"]) for frame in runner.frames(run_id)]
-    assert runner.wait(run_id).status == "completed"
+    app = AgentApp(roles={"user-7": ["support"]})
+    both = threading.Barrier(2, timeout=TIMEOUT)
 
-    first_call = min(t for t, kind in arrivals if kind == "tool_call")
-    last_result = max(t for t, kind in arrivals if kind == "tool_result")
-    took = last_result - first_call
-    # One after the other they take at least 0.6 s.
-    assert took < 0.6, f"two 0.3 s reads took {took:.2f} s: they did not overlap"
+    @app.tool(kind="read")
+    def paired_read(n: int) -> int:
+        """A read that returns only once the other has started: one after the other, the
+        first would wait for good (and fail with BrokenBarrierError)."""
+        both.wait()
+        return n * 10
+
+    app.agent("support", model=model, tools=["paired_read"])
+    runner = make_runner(app, store)
+    run = runner.run("support", "x", actor="user-7", timeout=TIMEOUT)
+    assert run.status == "completed", run.error
     results = [m for m in model.requests[-1].messages if m.role == "tool"]
     assert [(m.tool_call_id, m.content) for m in results] == [("call_1", "10"), ("call_2", "20")]
-    steps = [j["step"] for j in store.journal(run_id)]
+    steps = [j["step"] for j in store.journal(run.run_id)]
     assert steps.index("persist:toolexec:call_1") < steps.index("persist:toolexec:call_2")
     assert steps.index("persist:toolcall:call_2") < steps.index("tool:call_1")
 
@@ -347,10 +351,12 @@ def test_two_reads_overlap_and_results_stay_in_call_order(store: Store) -> None:
 def test_title_is_set_on_the_first_turn_only(store: Store) -> None:
     model = ScriptedModel([{"text": "hi"}])
     runner = make_runner(support_app(model), store)
-    first = runner.run("support", "Where is my parcel?\nIt is late.", actor="user-7", timeout=10)
+    first = runner.run(
+        "support", "Where is my parcel?\nIt is late.", actor="user-7", timeout=TIMEOUT
+    )
     assert store.thread_title(first.thread_id) == "Where is my parcel?"
     second = runner.run(
-        "support", "Another one", thread_id=first.thread_id, actor="user-7", timeout=10
+        "support", "Another one", thread_id=first.thread_id, actor="user-7", timeout=TIMEOUT
     )
     assert store.thread_title(first.thread_id) == "Where is my parcel?"
     assert "persist:title" not in [j["step"] for j in store.journal(second.run_id)]
@@ -393,7 +399,7 @@ def test_lifecycle_diagnostics_are_published(store: Store, events: list[Any]) ->
     runner = make_runner(support_app(model), store)
     run_id = runner.start("support", "x", actor="user-7")
     approve_when_asked(runner, run_id, "reject")
-    assert runner.wait(run_id, 10).status == "completed"
+    assert runner.wait(run_id, TIMEOUT).status == "completed"
     names = [name for name, payload in events if payload.get("run_id") == run_id]
     assert names == [
         "run.started",
@@ -422,7 +428,7 @@ def test_diagnostics_cost_nothing_without_listeners_and_can_be_turned_off(store:
     unsubscribe = diagnostics.subscribe(lambda name, _: seen.append(name))
     try:
         runner = make_runner(support_app(ScriptedModel([{"text": "x"}])), store, diagnostics=False)
-        runner.run("support", "x", actor="user-7", timeout=10)
+        runner.run("support", "x", actor="user-7", timeout=TIMEOUT)
         diagnostics.publish("probe", payload)
         assert seen == [] and built == []
     finally:
@@ -441,17 +447,20 @@ def test_start_returns_at_once_and_approvals_are_keyed_by_run(store: Store) -> N
         ]
     )
     app = support_app(model)
+    # Each run's first model call waits until the test opens the gate: start returns
+    # while it waits (a start that waited for the run would never return).
+    gate = threading.Event()
+    model.run_turn = gated(model.run_turn, gate)  # type: ignore[method-assign]
     runner = make_runner(app, store)
-    started = time.monotonic()
     a = runner.start("support", "a", actor="user-7")
     b = runner.start("support", "b", actor="user-7")
-    assert time.monotonic() - started < 0.5
+    assert {store.get_run(a).status, store.get_run(b).status} <= {"queued", "running"}
+    gate.set()
     for run_id in (a, b):
-        _wait_status(store, run_id, "awaiting_approval")
+        wait_status(store, run_id, "awaiting_approval")
     # Both runs wait on a call with the same id; approving one must not release the other.
     assert runner.signal(a, "call_1", "approve", actor="alice")
-    assert runner.wait(a, 10).status == "completed"
-    time.sleep(0.2)
+    assert runner.wait(a, TIMEOUT).status == "completed"
     assert store.get_run(b).status == "awaiting_approval"
     assert app.calls == [("refund", "1", 1.0)]
     assert not runner.signal(a, "call_1", "reject", actor="alice")  # first decision won
@@ -463,7 +472,19 @@ def test_start_returns_at_once_and_approvals_are_keyed_by_run(store: Store) -> N
         runner.signal(b, "call_1", "approve", actor="alice", args_sha256="0" * 64)
     assert store.get_run(b).status == "awaiting_approval"
     assert runner.signal(b, "call_1", "reject", actor="alice")
-    assert runner.wait(b, 10).status == "completed"
+    assert runner.wait(b, TIMEOUT).status == "completed"
+    # b ran to its end on its own decision: a's approval never ran b's refund.
+    assert app.calls == [("refund", "1", 1.0)]
+
+
+def gated(run_turn: Any, gate: threading.Event) -> Any:
+    """`run_turn`, each call held until `gate` is set."""
+
+    def held(request: Any, sink: Any) -> Any:
+        assert gate.wait(TIMEOUT), "the test never opened the gate"
+        return run_turn(request, sink)
+
+    return held
 
 
 def test_a_failed_run_puts_the_error_on_its_stream_and_closes_it(store: Store) -> None:
@@ -497,16 +518,9 @@ def test_the_same_run_id_twice_starts_one_run(store: Store) -> None:
     runner = make_runner(support_app(model), store)
     assert runner.start("support", "x", run_id="order-42-refund") == "order-42-refund"
     assert runner.start("support", "x", run_id="order-42-refund") == "order-42-refund"
-    assert runner.wait("order-42-refund", 10).status == "completed"
+    assert runner.wait("order-42-refund", TIMEOUT).status == "completed"
     assert len(model.requests) == 1
     assert len(store.list_runs()) == 1
-
-
-def _wait_status(store: Store, run_id: str, status: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while store.get_run(run_id).status != status:
-        assert time.monotonic() < deadline, f"{run_id} never reached {status}"
-        time.sleep(0.02)
 
 
 def test_a_malformed_model_reply_fails_the_run_clearly(store: Store) -> None:
@@ -519,7 +533,7 @@ def test_a_malformed_model_reply_fails_the_run_clearly(store: Store) -> None:
     app = AgentApp()
     app.agent("a", model=Garbled())
     runner = make_runner(app, store)
-    view = runner.run("a", "x", timeout=10)
+    view = runner.run("a", "x", timeout=TIMEOUT)
     assert view.status == "failed" and view.error_type == "ModelError"
     assert "returned a malformed reply" in (view.error or "")
     assert [m.role for m in store.thread_messages(view.thread_id)] == ["user"]

@@ -18,6 +18,7 @@ from agent_jobs.store.db import utcnow
 from agent_jobs.store.schema import runs as runs_table
 from tests.support.builders import add_run
 from tests.support.services import truncate_all
+from tests.support.waiting import TIMEOUT
 
 
 @pytest.fixture
@@ -173,7 +174,12 @@ def test_a_connection_lost_mid_transaction_is_invalidated_like_sqlalchemys(pg: S
         runs.lock_and_touch(conn, "r1")
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
         with psycopg.connect(driver_url(pg), autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            # With a timeout, Postgres returns once the backend has exited (not merely been
+            # signalled): the next statement surely meets a lost connection.
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(%s, %s)", (pid, int(TIMEOUT * 1000))
+            ).fetchone()
+            assert ended == (True,), f"backend {pid} did not exit"
         journal.load_for_replay(conn, "r1")
     assert lost.value.connection_invalidated
     with pg.begin() as conn:  # the pool gave a new connection

@@ -132,10 +132,10 @@ def test_a_lease_of_a_dead_process_is_taken_over_and_only_then(redis_url: str) -
     import dataclasses
     import subprocess
     import sys
-    import time
     import uuid
 
     from agent_jobs.leases import Holder, Leases, this_machine
+    from tests.support.waiting import eventually
 
     leases = Leases.from_url(redis_url)
     run = uuid.uuid4().hex
@@ -149,10 +149,7 @@ def test_a_lease_of_a_dead_process_is_taken_over_and_only_then(redis_url: str) -
         assert leases.take(run, "tool:a", theirs, 30)
         assert not leases.take(run, "tool:a", me, 30)  # it still runs
         child.kill()  # a zombie until reaped: already gone
-        deadline = time.monotonic() + 5
-        while not theirs.gone():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        eventually(theirs.gone, what=f"the killed process {child.pid} to be gone", every=0.01)
         assert leases.held(run, ["tool:a"]) == set()
         assert leases.take(run, "tool:a", me, 30)
         assert not leases.refresh(run, "tool:a", theirs, 30)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,6 +44,7 @@ from agent_jobs.store import journal as journal_rows
 from agent_jobs.store.db import make_engine, upgrade
 from tests.support import apps
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import TIMEOUT, eventually
 from tests.support.workers import Process, service_env, start_worker
 
 JOURNALS = Path(__file__).resolve().parent / "journals"
@@ -53,7 +53,6 @@ PG_ADMIN_URL = os.environ.get(
 )
 PARALLEL_TOOLS = "agent:parallel-tools"
 APPROVALS_AT_ONCE = "agent:approvals-at-once"
-TIMEOUT = 30.0
 
 # The run row's fields a replay reads (`turn_for`, `DurableHooks`), and its outcome.
 RUN_FIELDS = (
@@ -87,11 +86,7 @@ class Scenario:
 
 
 def _until(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up waiting for {what}")
-        time.sleep(0.05)
+    eventually(check, what=what, every=0.05)
 
 
 def approve_all(client: Client, run_id: str) -> None:
