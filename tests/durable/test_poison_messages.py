@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
@@ -14,6 +13,7 @@ from kombu import Connection
 from tasks.strategy import DEAD_TASKS, message_problem
 from tests.support.cluster import Cluster
 from tests.support.services import SESSION_QUEUE
+from tests.support.waiting import eventually
 
 BAD_BODIES = {
     "a JSON string": '"a string"',
@@ -79,10 +79,11 @@ def test_malformed_messages_never_stop_a_worker(cluster: Cluster) -> None:
     run_id = cluster.client.enqueue_run("w1", "go", actor="user-7")
     assert cluster.wait(run_id).status == "completed"
     client = redis.Redis.from_url(cluster.broker)
-    deadline = time.monotonic() + 10
-    while client.llen(DEAD_TASKS) < sent:
-        assert time.monotonic() < deadline, f"{client.llen(DEAD_TASKS)} of {sent} kept aside"
-        time.sleep(0.05)
+    eventually(
+        lambda: client.llen(DEAD_TASKS) >= sent,
+        what=f"the {sent} bad messages to be kept aside",
+        context=lambda: client.llen(DEAD_TASKS),
+    )
     assert worker.running, worker.log()[-3000:]
     assert "Unrecoverable error" not in worker.log()
     kept = [json.loads(raw) for raw in client.lrange(DEAD_TASKS, 0, -1)]

@@ -9,6 +9,7 @@ few MB so that a message over it is cheap to send.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 
+from agent_jobs.approvals.listener import ListenerSettings
 from agent_jobs.approvals.messages import Refused, parse_message
 from tests.support.doors import SECRET, Doors, approval, open_doors, signed, wait_for
 from tests.support.redis_server import RedisServer
@@ -99,6 +101,11 @@ def peak_rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmHWM for {pid}")
 
 
+def listener_log(doors: Doors) -> str:
+    assert doors.listener is not None
+    return doors.listener.log()
+
+
 def listener_pid(doors: Doors) -> int:
     assert doors.listener is not None and doors.listener.proc is not None
     return doors.listener.proc.pid
@@ -109,26 +116,27 @@ def listener_pid(doors: Doors) -> int:
 
 def test_a_non_ascii_signature_on_the_stream_is_refused_at_once(doors: Doors) -> None:
     """Each of these used to raise in the comparison: counted `error`, left pending, and
-    the listener stalled on it for every delivery: the good decision came 19 s late."""
+    the listener stalled on it for every delivery: the good decision came 19 s late.
+    Refused at once means each bad entry is settled on its first delivery: none errs,
+    none is delivered again, and the good one behind them is recorded."""
     doors.reset()
     run_id, call_id = doors.parked()
     before = doors.counters()
+    reclaims = listener_log(doors).count(": reclaimed (delivery")
     for i in range(20):
         doors.xadd({**approval(run_id, call_id), "sig": NON_ASCII_SIGS[i % len(NON_ASCII_SIGS)]})
 
-    posted = time.monotonic()
     doors.xadd(signed(approval(run_id, call_id)))
     wait_for(
         lambda: doors.count("recorded") == before.get("recorded", 0) + 1,
         f"the good decision\n{doors.logs()}",
     )
-    took = time.monotonic() - posted
 
     after = doors.counters()
-    # Stalled on each bad one, it came 19 s late; refused at once, it takes a few polls.
-    assert took < 3.0, f"the good decision took {took:.1f}s behind 20 bad signatures"
     assert after.get("bad_signature", 0) - before.get("bad_signature", 0) == 20
     assert after.get("error", 0) == before.get("error", 0)
+    # Not one stall: no entry was left pending to be reclaimed and delivered again.
+    assert listener_log(doors).count(": reclaimed (delivery") == reclaims
     doors.wait_status(run_id, "completed")
     # Acknowledged on their first delivery: nothing pending, nothing reclaimed or moved.
     wait_for(lambda: doors.redis.xlen(doors.channel) == 0, "the entries to be acknowledged")
@@ -271,24 +279,33 @@ def test_an_oversized_entry_a_dead_listener_left_pending_is_moved_aside(
         ghost.close()
 
 
-def seconds_to_record(doors: Doors, run_id: str, call_id: str) -> float:
-    """From XADD to the decision counted as recorded."""
+def seconds_to_record(doors: Doors, run_id: str, call_id: str, source: str) -> float:
+    """From the post (on the stream or the channel) to the decision counted recorded."""
     wanted = doors.count("recorded") + 1
     posted = time.monotonic()
-    doors.xadd(signed(approval(run_id, call_id)))
+    if source == "stream":
+        doors.xadd(signed(approval(run_id, call_id)))
+    else:
+        assert doors.publish(signed(approval(run_id, call_id))) == 1
     wait_for(lambda: doors.count("recorded") == wanted, "the decision", every=0.005)
     return time.monotonic() - posted
 
 
 def test_a_decision_on_the_stream_is_taken_up_quickly(doors: Doors) -> None:
-    """The stream is polled (a script cannot block): the idle poll is short."""
+    """The stream is polled (a script cannot block): the idle poll is short. Judged
+    against the channel, measured beside it: the same decision pushed on pub/sub costs
+    the same handling and Postgres write with no poll, so whatever the machine's load,
+    the stream may cost only a few polls more."""
     doors.reset()
+    took: dict[str, list[float]] = {"stream": [], "pubsub": []}
     for _ in range(3):
-        run_id, call_id = doors.parked()
-        took = seconds_to_record(doors, run_id, call_id)
-        # A 0.05 s poll, then a Postgres write: well under a second on a loaded machine.
-        assert took < 1.0, f"{took:.2f}s from XADD to recorded"
-        doors.wait_status(run_id, "completed")
+        for source in took:
+            run_id, call_id = doors.parked()
+            took[source].append(seconds_to_record(doors, run_id, call_id, source))
+            doors.wait_status(run_id, "completed")
+    stream, pubsub = (statistics.median(took[s]) for s in ("stream", "pubsub"))
+    polls = (stream - pubsub) / ListenerSettings().listener_poll_interval
+    assert polls < 10, f"the stream took {polls:.1f} polls more than the channel: {took}"
 
 
 # --- 3. the subscriber disconnected ---------------------------------------------------
@@ -305,7 +322,7 @@ def test_a_message_over_the_output_buffer_limit_costs_one_quick_resubscribe(
     disconnects = doors.count("pubsub_disconnects")
     recorded = doors.count("recorded")
 
-    sent = time.monotonic()
+    logged = len(listener_log(doors))
     assert doors.publish(b"z" * (2 * PUBSUB_LIMIT_MB * MiB)) == 1
     wait_for(
         lambda: (
@@ -313,19 +330,17 @@ def test_a_message_over_the_output_buffer_limit_costs_one_quick_resubscribe(
             and numsub(doors.redis, doors.channel) == 1
         ),
         f"the resubscription\n{doors.logs()}",
-        timeout=10,
-        every=0.005,
     )
-    back = time.monotonic() - sent
-    assert back < 0.5, f"resubscribed {back:.2f}s after the disconnect"
+    # At once: the loss, then the resubscription, with no failed attempt or backoff
+    # between them.
+    since = listener_log(doors)[logged:]
+    lost = since.index("pub/sub connection lost")
+    back = since.index(f"resubscribed to {doors.channel}", lost)
+    assert "retrying in" not in since[lost:back], since
 
-    posted = time.monotonic()
     assert doors.publish(signed(approval(run_id, call_id))) == 1
     wait_for(lambda: doors.count("recorded") == recorded + 1, f"the decision\n{doors.logs()}")
-    assert time.monotonic() - posted < 1.0
     doors.wait_status(run_id, "completed")
-    log = doors.listener.log() if doors.listener else ""
-    assert "pub/sub connection lost" in log
     assert doors.listener is not None and doors.listener.running
 
 
@@ -348,9 +363,9 @@ def test_the_health_file_goes_stale_while_the_subscription_is_down(
         wait_for(lambda: time.time() - health.stat().st_mtime > 2.5, "the beats to stop")
         assert doors.listener is not None and doors.listener.running
         server.start()
-        wait_for(lambda: numsub(doors.redis, doors.channel) == 1, "the resubscription", 30)
+        wait_for(lambda: numsub(doors.redis, doors.channel) == 1, "the resubscription")
         wait_for(lambda: doors.count("pubsub_disconnects") == 1, f"the count\n{doors.logs()}")
-        wait_for(beating, f"the beats to resume\n{doors.logs()}", 30)
+        wait_for(beating, f"the beats to resume\n{doors.logs()}")
     finally:
         doors.close()
         server.close()
