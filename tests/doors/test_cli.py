@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +136,7 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
 
         def pending() -> bool:
             assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
-            listed = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
-            return bool(json.loads(listed.stdout or "[]"))
+            return status_in_db(tmp_path, "r1") == "awaiting_approval"
 
         eventually(
             pending,
@@ -143,17 +144,14 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
             every=0.05,
             context=lambda: (tmp_path / "run.out").read_text()[-3000:],
         )
+        listed = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
+        assert [c["call_id"] for c in json.loads(listed.stdout)] == ["call_1"], listed.stdout
         approved = agent_jobs("approve", "r1", "call_1", cwd=tmp_path, env=env)
         assert approved.returncode == 0 and "approved call_1" in approved.stdout
         again = agent_jobs("reject", "r1", "call_1", cwd=tmp_path, env=env)
         assert "already decided" in again.stdout
 
-        def completed() -> dict[str, Any] | None:
-            status = agent_jobs("status", "r1", "--json", cwd=tmp_path, env=env)
-            found: dict[str, Any] = json.loads(status.stdout)
-            return found if found["status"] == "completed" else None
-
-        done = eventually(completed, what="r1 to complete", every=0.05)
+        done = _until(tmp_path, env, "r1", "completed")
         assert done["output"] == "all done"
     finally:
         proc.kill()
@@ -221,12 +219,27 @@ def _status(tmp_path: Path, env: dict[str, str], run_id: str) -> dict[str, Any]:
     return json.loads(done.stdout) if done.returncode == 0 else {"status": None}
 
 
+def status_in_db(tmp_path: Path, run_id: str) -> str | None:
+    """The run's status as the embedded database in `tmp_path` has it, read-only (no
+    subprocess a look: a wait polls this, then asks the command line once)."""
+    try:
+        with closing(sqlite3.connect(f"file:{tmp_path / 'agent_jobs.db'}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    except sqlite3.Error:  # not made yet, or being made
+        return None
+    return None if row is None else str(row[0])
+
+
 def _until(tmp_path: Path, env: dict[str, str], run_id: str, status: str) -> dict[str, Any]:
-    for _ in range(150):
-        doc = _status(tmp_path, env, run_id)
-        if doc["status"] == status:
-            return doc
-    pytest.fail(f"{run_id} never reached {status}")
+    eventually(
+        lambda: status_in_db(tmp_path, run_id) == status,
+        what=f"{run_id} to be {status}",
+        every=0.05,
+        context=lambda: status_in_db(tmp_path, run_id),
+    )
+    doc = _status(tmp_path, env, run_id)
+    assert doc["status"] == status, doc
+    return doc
 
 
 def test_answer_cancel_and_say_from_another_process(tmp_path: Path) -> None:

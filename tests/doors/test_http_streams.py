@@ -41,7 +41,8 @@ def test_a_client_that_leaves_and_comes_back_gets_every_frame_once_in_order(stac
                 got.append((str(event.id), event.frame))
             if len(got) == 8:
                 break
-    time.sleep(0.7)
+    # Away while the model streams on: frames we have not seen are in the stream.
+    wait_for(lambda: len(stack.frames(run_id)) >= len(got) + 5, "the model to stream on")
     # Back with Last-Event-ID (and a stale ?after= that the header overrides).
     headers = {"Last-Event-ID": got[-1][0]}
     path = f"/v1/runs/{run_id}/stream?after={got[0][0]}"
@@ -134,9 +135,8 @@ def test_a_client_that_leaves_frees_the_servers_thread_and_redis_connection(
     # may be told to stop) each is gone: no thread, no Redis connection blocked for a
     # client that left. Well before the two seconds a quiet stream's row check takes.
     wait_for(lambda: not blocked_readers(stack), "the readers to let go of Redis", timeout=1.5)
-    time.sleep(0.6)  # a reader still there would be blocked again by now
-    assert not blocked_readers(stack)
     wait_for(lambda: stack.api.threads() <= following - 3, "the readers' threads to end", timeout=2)
+    assert not blocked_readers(stack)  # their threads are gone: none can block again
     # The connections are back in the pool, not leaked: a new reader reuses one.
     named = [c for c in stack.doors.redis.client_list() if c.get("name") == "agent-jobs-serve"]
     with stack.stream("user-7", f"/v1/runs/{run_ids[0]}/stream") as reply:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
-from tests.doors.test_cli import CLI, _app_env, agent_jobs
+from tests.doors.test_cli import CLI, _app_env, agent_jobs, status_in_db
 from tests.support.waiting import eventually
 
 
@@ -44,8 +44,7 @@ def test_run_on_a_busy_thread_is_refused_or_waits_saying_for_what(tmp_path: Path
 
         def pending() -> bool:
             assert first.poll() is None, outputs[0].read_text()
-            listed = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
-            return bool(json.loads(listed.stdout or "[]"))
+            return status_in_db(tmp_path, "r1") == "awaiting_approval"
 
         eventually(pending, what="r1 to ask for approval", every=0.05, context=outputs[0].read_text)
         status = agent_jobs("status", "r1", "--json", cwd=tmp_path, env=env)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -12,7 +11,9 @@ from sqlalchemy import func, select
 
 from agent_jobs import InvalidRequestError, ThreadBusyError, session
 from agent_jobs.store.schema import events, runs, threads
-from tests.support.harness import Harness
+from tests.support.harness import DurableHarness, Harness
+from tests.support.waiting import eventually
+from tests.support.workers import TEST_POOLS, Process
 
 
 def parked(harness: Harness, text: str = "one", **kwargs: Any) -> tuple[str, str]:
@@ -36,13 +37,28 @@ def counts(harness: Harness) -> tuple[int, int, int]:
         )
 
 
-def test_enqueue_runs_after_the_turn_the_thread_is_in(harness: Harness) -> None:
+def passed_over(request: pytest.FixtureRequest, harness: Harness, waiting_on: str) -> None:
+    """A worker has had its chance at a queued run: its pass held it (Celery's line for
+    the task says so). The inline runner holds it in `start` itself."""
+    if not isinstance(harness, DurableHarness):
+        return
+    pool = request.node.callspec.params["harness"].partition("-")[2] or TEST_POOLS[0]
+    worker: Process = request.getfixturevalue("shared_workers")(pool)
+    eventually(
+        lambda: f": 'queued: {waiting_on}'" in worker.log(),
+        what=f"a worker's pass to hold the run ({waiting_on})",
+    )
+
+
+def test_enqueue_runs_after_the_turn_the_thread_is_in(
+    harness: Harness, request: pytest.FixtureRequest
+) -> None:
     first, thread = parked(harness)
     second = harness.start("gated", "two", thread_id=thread)  # enqueue: the default
     queued = harness.store.get_run(second)
     assert queued.status == "queued"
     assert queued.waiting_on == f"thread {thread} busy: run {first}"
-    time.sleep(0.5)
+    passed_over(request, harness, queued.waiting_on)
     assert harness.store.get_run(second).status == "queued"  # the turn has not ended
     approve_all(harness, first)
     assert harness.wait(first).status == "completed"

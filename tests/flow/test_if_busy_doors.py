@@ -58,7 +58,7 @@ def settled(store: Store) -> tuple[int, int, int]:
         last[0] = now
         return same
 
-    wait_for(still, "the database to settle", timeout=10, every=0)
+    wait_for(still, "the database to settle", every=0)
     return last[0]
 
 
@@ -191,7 +191,8 @@ def test_interrupt_by_another_actor_is_refused_and_changes_nothing(stack: Stack)
         assert thread in message and first not in message.replace(thread, "")
         assert stack.doors.store.find_run(f"busy-interrupt-{actor}") is None
 
-    time.sleep(0.5)  # a cancel asked for would have reached the worker by now
+    # A cancel asked for is written before the reply (the runs' cancel flags, in the
+    # snapshot); one acted on would end the run: it completes below.
     assert counts(stack.doors.store) == before
     assert snapshot(stack, first) == busy
     run = stack.doors.store.get_run(first)
@@ -250,8 +251,12 @@ def test_enqueue_the_default_is_201_queued_and_runs_after_the_turn(stack: Stack)
         assert reply.json()["status"] == "queued"
         later.append(reply.json()["run_id"])
 
-    time.sleep(0.5)
-    for run_id in later:  # the turn has not ended: they wait for it
+    # The worker's passes have held all three (Celery's lines for their tasks)...
+    held = f": 'queued: thread {thread} busy: run {first}'"
+    wait_for(lambda: stack.doors.logs().count(held) >= 3, "the worker to hold the three")
+    # ...the turn has not ended: they wait for it (and begin only after it: the turns'
+    # order below).
+    for run_id in later:
         shown = stack.call("user-7", "GET", f"/v1/runs/{run_id}").json()
         assert shown["status"] == "queued", shown
         assert stack.doors.store.get_run(run_id).waiting_on == f"thread {thread} busy: run {first}"

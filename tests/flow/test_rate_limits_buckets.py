@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -22,6 +23,7 @@ from agent_jobs.ratelimits.gate import ModelGate, estimate, model_name
 from agent_jobs.ratelimits.rules import RateLimit, Rule, Rules
 from agent_jobs.settings import Settings
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.waiting import eventually
 
 # --- the setting ------------------------------------------------------------------------
 
@@ -118,14 +120,75 @@ def server() -> Iterator[RedisServer]:
     s.close()
 
 
+@dataclass(frozen=True)
+class Took:
+    """A bucket's verdict, and when on the bucket's own clock it was asked (`before` the
+    call, `after` it): the moment it grants is `wait` after a moment in between."""
+
+    wait: float
+    paused: bool
+    before: float
+    after: float
+
+
+class Clocked:
+    """Buckets whose calls are timed on their own clock (Redis's TIME, or the process's
+    monotonic clock), so a test judges the places they give, not how fast it called."""
+
+    def __init__(self, buckets: Buckets, now: Callable[[], float]) -> None:
+        self.buckets = buckets
+        self.now = now
+
+    def take(self, rule: Rule, tokens: int, owner: str) -> Took:
+        before = self.now()
+        verdict = self.buckets.take(rule, tokens, owner)
+        return Took(verdict.wait, verdict.paused, before, self.now())
+
+    def pause(self, rule: Rule, seconds: float) -> Took:
+        before = self.now()
+        self.buckets.pause(rule, seconds)
+        return Took(0.0, False, before, self.now())
+
+    def correct(self, rule: Rule, tokens: int) -> Took:
+        before = self.now()
+        self.buckets.correct(rule, tokens)
+        return Took(0.0, False, before, self.now())
+
+    def until(self, moment: float) -> None:
+        """Wait until the bucket's clock has reached `moment`."""
+        eventually(lambda: self.now() >= moment, what=f"the buckets' clock at {moment}")
+
+
+MS = 0.002  # the buckets count in whole milliseconds, rounded up
+
+
+def placed(took: Took, ref: Took, offset: float) -> bool:
+    """Whether `took` was given the place `offset` seconds after the moment of `ref`
+    (both moments known to within their calls): a step waits for its place, or goes at
+    once when its place has come."""
+    if took.wait == 0:
+        return ref.before + offset <= took.after + MS
+    low = took.wait + took.before - ref.after - MS
+    high = took.wait + took.after - ref.before + MS
+    return low <= offset <= high
+
+
+def redis_now(client: redis.Redis) -> Callable[[], float]:
+    def now() -> float:
+        seconds, micros = client.time()  # type: ignore[misc]
+        return float(seconds) + float(micros) / 1e6
+
+    return now
+
+
 @pytest.fixture(params=["redis", "local"])
-def kept(request: pytest.FixtureRequest, server: RedisServer) -> Iterator[Buckets]:
+def kept(request: pytest.FixtureRequest, server: RedisServer) -> Iterator[Clocked]:
     """The buckets in Redis and in this process: the same rules."""
     if request.param == "local":
-        yield LocalBuckets()
+        yield Clocked(LocalBuckets(clock=time.monotonic), time.monotonic)
         return
     client = redis.Redis.from_url(server.url(0))
-    yield RedisBuckets(client)
+    yield Clocked(RedisBuckets(client), redis_now(client))
     client.close()
 
 
@@ -137,95 +200,114 @@ def _owner() -> str:
     return f"run-{uuid.uuid4().hex[:8]}:model:1"
 
 
-NEAR = 0.06  # seconds: what two calls and Redis's clock may take between them
-
-
-def test_a_key_lets_a_seconds_worth_go_at_once_then_one_at_a_time(kept: Buckets) -> None:
+def test_a_key_lets_a_seconds_worth_go_at_once_then_one_at_a_time(kept: Clocked) -> None:
     rule = _rule(requests_per_minute=120)  # two a second: a bucket of two
+    first = kept.take(rule, 0, _owner())
+    assert first.wait == 0
     assert kept.take(rule, 0, _owner()).wait == 0
-    assert kept.take(rule, 0, _owner()).wait == 0
-    waits = [kept.take(rule, 0, _owner()).wait for _ in range(3)]
+    waiting = [kept.take(rule, 0, _owner()) for _ in range(3)]
     # Each waiting step gets its own place, half a second after the one before.
-    assert waits == pytest.approx([0.5, 1.0, 1.5], abs=NEAR)
+    for took, offset in zip(waiting, (0.5, 1.0, 1.5), strict=True):
+        assert placed(took, first, offset), (took, first, offset)
 
 
-def test_a_step_back_on_its_place_goes_and_back_early_waits_for_it(kept: Buckets) -> None:
+def test_a_step_back_on_its_place_goes_and_back_early_waits_for_it(kept: Clocked) -> None:
     rule = _rule(requests_per_minute=300)  # five a second: places 0.2 s apart
-    for _ in range(5):
+    first = kept.take(rule, 0, _owner())
+    assert first.wait == 0
+    for _ in range(4):
         assert kept.take(rule, 0, _owner()).wait == 0
     late = _owner()
-    assert kept.take(rule, 0, late).wait == pytest.approx(0.2, abs=NEAR)
+    took = kept.take(rule, 0, late)
+    assert took.wait > 0 and placed(took, first, 0.2), took
     # Back too early (a stray delivery): the rest of the wait, the same place kept.
-    assert kept.take(rule, 0, late).wait == pytest.approx(0.2, abs=NEAR)
-    assert kept.take(rule, 0, _owner()).wait == pytest.approx(0.4, abs=NEAR)  # behind it
-    time.sleep(0.21)
+    again = kept.take(rule, 0, late)
+    assert again.wait > 0 and placed(again, first, 0.2), again
+    assert placed(kept.take(rule, 0, _owner()), first, 0.4)  # behind it
+    kept.until(took.after + took.wait)  # its place has come
     assert kept.take(rule, 0, late).wait == 0  # its place, with no queueing again
     # The place is used: asking again is a new request, behind the others.
-    assert kept.take(rule, 0, late).wait == pytest.approx(0.4, abs=NEAR)
+    assert placed(kept.take(rule, 0, late), first, 0.6)
 
 
-def test_a_pause_stops_every_step_and_voids_the_places_inside_it(kept: Buckets) -> None:
+def test_a_pause_stops_every_step_and_voids_the_places_inside_it(kept: Clocked) -> None:
     rule = _rule(requests_per_minute=600)  # ten a second
-    for _ in range(10):
+    first = kept.take(rule, 0, _owner())
+    assert first.wait == 0
+    for _ in range(9):
         assert kept.take(rule, 0, _owner()).wait == 0
     early = _owner()
-    assert kept.take(rule, 0, early).wait == pytest.approx(0.1, abs=NEAR)
-    kept.pause(rule, 1.0)  # a 429: Retry-After 1
+    queued = kept.take(rule, 0, early)
+    assert queued.wait > 0 and placed(queued, first, 0.1), queued
+    paused = kept.pause(rule, 1.0)  # a 429: Retry-After 1
     fresh = kept.take(rule, 0, _owner())
-    assert fresh.paused and fresh.wait == pytest.approx(1.0, abs=NEAR)
-    time.sleep(0.12)
-    # Its place fell inside the pause: void; it queues again, behind the pause.
+    assert fresh.paused and placed(fresh, paused, 1.0), (fresh, paused)
+    kept.until(queued.after + queued.wait)  # its place has come, inside the pause
+    # Its place fell inside the pause: void; it queues again, behind the pause (at its
+    # end, or one place after it).
     again = kept.take(rule, 0, early)
-    assert again.paused and 0.9 - NEAR <= again.wait <= 1.0 + NEAR
+    assert again.paused, again
+    assert again.wait + again.after >= paused.before + 1.0 - MS, (again, paused)
+    assert again.wait + again.before <= paused.after + 1.1 + MS, (again, paused)
     # The key resumes one request at a time: the places after the pause are a tenth of
     # a second apart, not a bucket's worth at once.
-    assert kept.take(rule, 0, _owner()).wait == pytest.approx(again.wait + 0.1, abs=NEAR)
+    assert placed(kept.take(rule, 0, _owner()), again, 0.1 + again.wait)
     # A shorter pause does not shorten a longer one.
     kept.pause(rule, 0.1)
-    assert kept.take(rule, 0, _owner()).wait >= 0.8
+    after = kept.take(rule, 0, _owner())
+    assert after.wait + after.after >= paused.before + 1.0 - MS, (after, paused)
 
 
 def test_tokens_are_taken_up_front_and_a_large_request_goes_on_a_full_bucket(
-    kept: Buckets,
+    kept: Clocked,
 ) -> None:
     rule = _rule(tokens_per_minute=6000)  # a hundred a second
-    assert kept.take(rule, 60, _owner()).wait == 0
+    first = kept.take(rule, 60, _owner())
+    assert first.wait == 0
     assert kept.take(rule, 40, _owner()).wait == 0
-    assert kept.take(rule, 50, _owner()).wait == pytest.approx(0.5, abs=NEAR)
+    assert placed(kept.take(rule, 50, _owner()), first, 0.5)
     big = _rule(tokens_per_minute=6000)
-    assert kept.take(big, 300, _owner()).wait == 0  # more than a bucket: it goes when full
-    assert kept.take(big, 10, _owner()).wait == pytest.approx(2.1, abs=NEAR)  # and owes
+    full = kept.take(big, 300, _owner())
+    assert full.wait == 0  # more than a bucket: it goes when full
+    owed = kept.take(big, 10, _owner())
+    assert owed.wait > 0 and placed(owed, full, 2.1), owed  # and owes
 
 
-def test_what_a_call_used_corrects_what_it_took(kept: Buckets) -> None:
+def test_what_a_call_used_corrects_what_it_took(kept: Clocked) -> None:
     more = _rule(tokens_per_minute=6000)
-    assert kept.take(more, 50, _owner()).wait == 0
+    first = kept.take(more, 50, _owner())
+    assert first.wait == 0
     kept.correct(more, 150)  # it used 200
-    assert kept.take(more, 10, _owner()).wait == pytest.approx(1.1, abs=NEAR)
+    assert placed(kept.take(more, 10, _owner()), first, 1.1)
     fewer = _rule(tokens_per_minute=6000)
-    assert kept.take(fewer, 100, _owner()).wait == 0
-    assert kept.take(fewer, 100, _owner()).wait == pytest.approx(1.0, abs=NEAR)
+    first = kept.take(fewer, 100, _owner())
+    assert first.wait == 0
+    assert placed(kept.take(fewer, 100, _owner()), first, 1.0)
     kept.correct(fewer, -100)  # the first used none: its tokens are back
-    assert kept.take(fewer, 100, _owner()).wait == pytest.approx(1.0, abs=NEAR)
+    assert placed(kept.take(fewer, 100, _owner()), first, 1.0)
     kept.correct(fewer, -10_000)  # a refund never fills the bucket past full
-    assert kept.take(fewer, 100, _owner()).wait == 0
-    assert kept.take(fewer, 100, _owner()).wait == pytest.approx(1.0, abs=NEAR)
+    refilled = kept.take(fewer, 100, _owner())
+    assert refilled.wait == 0
+    assert placed(kept.take(fewer, 100, _owner()), refilled, 1.0)
 
 
-def test_requests_and_tokens_both_hold_a_step_back(kept: Buckets) -> None:
+def test_requests_and_tokens_both_hold_a_step_back(kept: Clocked) -> None:
     rule = _rule(requests_per_minute=60, tokens_per_minute=60_000)
-    assert kept.take(rule, 10, _owner()).wait == 0
-    assert kept.take(rule, 10, _owner()).wait == pytest.approx(1.0, abs=NEAR)  # requests
+    first = kept.take(rule, 10, _owner())
+    assert first.wait == 0
+    assert placed(kept.take(rule, 10, _owner()), first, 1.0)  # requests
     rule = _rule(requests_per_minute=6000, tokens_per_minute=600)
-    assert kept.take(rule, 10, _owner()).wait == 0
-    assert kept.take(rule, 10, _owner()).wait == pytest.approx(1.0, abs=NEAR)  # tokens
+    first = kept.take(rule, 10, _owner())
+    assert first.wait == 0
+    assert placed(kept.take(rule, 10, _owner()), first, 1.0)  # tokens
 
 
-def test_a_key_only_named_is_limited_by_nothing_but_a_pause(kept: Buckets) -> None:
+def test_a_key_only_named_is_limited_by_nothing_but_a_pause(kept: Clocked) -> None:
     rule = _rule()
     assert all(kept.take(rule, 10**6, _owner()).wait == 0 for _ in range(50))
-    kept.pause(rule, 0.5)
-    assert kept.take(rule, 0, _owner()).wait == pytest.approx(0.5, abs=NEAR)
+    paused = kept.pause(rule, 0.5)
+    took = kept.take(rule, 0, _owner())
+    assert took.wait > 0 and placed(took, paused, 0.5), (took, paused)
 
 
 def test_the_state_in_redis_lapses_once_it_says_nothing(server: RedisServer) -> None:

@@ -63,7 +63,7 @@ class Fleet:
             assert not run.finished, (run.status, run.error)
             return run.status == "awaiting_approval"
 
-        wait_for(parked, f"{run_id} to wait for approval", timeout=30)
+        wait_for(parked, f"{run_id} to wait for approval")
         return run_id
 
     def close(self) -> None:

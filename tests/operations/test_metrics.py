@@ -95,6 +95,7 @@ def test_workers_and_the_listener_count_each_event_once(cluster: Cluster, worker
         return scrape_port(listener_port)
 
     # A run parked on an approval: one call pending, from every target alike.
+    asked = time.monotonic()  # no later than the approval was asked for
     gated = cluster.client.enqueue_run("gated", "go", actor="user-7")
     wait_for(lambda: cluster.store.get_run(gated).status == "awaiting_approval", "the approval")
     [call] = cluster.store.pending_calls(gated)
@@ -109,15 +110,17 @@ def test_workers_and_the_listener_count_each_event_once(cluster: Cluster, worker
     finally:
         client.close()
     assert cluster.wait(gated).status == "completed"
+    decided = time.monotonic() - asked  # no sooner than the decision was recorded
 
     # A step that overruns its time limit on every attempt: a dead letter, the run failed.
     stubborn = cluster.client.enqueue_run("stubborn", "go", actor="user-7")
-    run = cluster.wait(stubborn, timeout=60)
+    run = cluster.wait(stubborn)
     assert run.status == "failed" and "gave up after 3 attempts" in (run.error or "")
 
     listener = scrape_listener()
     assert value(listener, "agent_jobs_decision_seconds_count") == 1
-    assert 0.2 <= value(listener, "agent_jobs_decision_seconds_sum") < 30
+    # The wait it timed: at least the test's moment, at most from the ask to the end.
+    assert 0.2 <= value(listener, "agent_jobs_decision_seconds_sum") <= decided
     assert value(listener, "agent_jobs_approval_messages_total", outcome="recorded") == 1
     assert value(listener, "agent_jobs_approvals_pending") == 0
 
@@ -133,7 +136,7 @@ def test_workers_and_the_listener_count_each_event_once(cluster: Cluster, worker
             else None
         )
 
-    got = wait_for(settled, f"the worker's counts\n{cluster.logs()}", timeout=10)
+    got = wait_for(settled, f"the worker's counts\n{cluster.logs()}")
     assert value(got, "agent_jobs_approvals_pending") == 0
     for agent in ("gated", "stubborn"):
         assert value(got, "agent_jobs_runs_started_total", agent=agent) == 1

@@ -41,6 +41,7 @@ from agent_jobs.streams.base import stream_key
 from tests.support.builders import add_run, support_app
 from tests.support.harness import InlineHarness
 from tests.support.redis_server import free_port
+from tests.support.waiting import TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 DAYS = 30
@@ -77,7 +78,7 @@ def runner(store: Store) -> Iterator[InlineRunner]:
     for run in store.list_runs(limit=100):
         if not run.finished:  # a parked run's thread must not outlive the test
             made.cancel(run.run_id)
-            made.wait(run.run_id, timeout=10)
+            made.wait(run.run_id, timeout=TIMEOUT)
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def streams(redis_url: str) -> Iterator[redis.Redis]:
 
 def finished(runner: InlineRunner, **kwargs: Any) -> str:
     run_id = runner.start("support", "Where are orders 42 and 7?", actor="user-7", **kwargs)
-    assert runner.wait(run_id, timeout=30).status == "completed"
+    assert runner.wait(run_id, timeout=TIMEOUT).status == "completed"
     return run_id
 
 
@@ -272,7 +273,7 @@ def test_a_delegated_run_stays_while_its_top_level_run_is_unfinished(
     assert counts(store, child)["journal"] == rows
 
     runner.cancel(waiting)
-    runner.wait(waiting, timeout=10)
+    runner.wait(waiting, timeout=TIMEOUT)
     assert prune(store, older_than=DAYS).runs == 1  # the child (its root ended just now)
 
 

@@ -3,7 +3,6 @@ and Flower, which shows the task only when it pruned something."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -16,7 +15,7 @@ from agent_jobs.retention import PRUNE, pruned
 from agent_jobs.store.db import utcnow
 from agent_jobs.store.schema import runs
 from agent_jobs.streams.base import stream_key
-from tests.operations.test_flower import Flower
+from tests.operations.test_flower import Flower, flower_caught_up, succeeded
 from tests.support import apps
 from tests.support.doors import Doors, open_doors, wait_for
 from tests.support.redis_server import RedisServer
@@ -44,13 +43,18 @@ def doors(pg_url: str, tmp_path: Path) -> Iterator[Doors]:
 def test_beat_prunes_old_runs_and_flower_shows_only_the_prune_that_did(doors: Doors) -> None:
     flower = Flower(doors)  # first, so it hears every event of the worker
     apps.side_engine()  # the apps' side table made here: two pool processes making it collide
-    doors.worker()
+    worker = doors.worker()
     doors.beat()
     old, recent = (doors.client.enqueue_run("w1", "go", actor="user-7") for _ in range(2))
     for run_id in (old, recent):
         doors.wait_status(run_id, "completed")
     assert doors.redis.exists(stream_key(old)) == 1
-    time.sleep(3.0)  # six prunes with nothing to prune
+
+    def idle() -> int:
+        return succeeded(worker, PRUNE, NOTHING)
+
+    wait_for(lambda: idle() >= 3, f"three prunes with nothing to prune\n{doors.logs()}")
+    flower_caught_up(flower, doors)
     assert flower.tasks(taskname=PRUNE) == {}, "a prune that pruned nothing is not shown"
     assert pruned(doors.store, old) is None
 
@@ -69,7 +73,9 @@ def test_beat_prunes_old_runs_and_flower_shows_only_the_prune_that_did(doors: Do
         return [t for t in shown if str(t["result"]).startswith("'pruned 1 run: ")]
 
     wait_for(the_prune_of_the_run, "the prune that pruned, in Flower")
-    time.sleep(2.0)
+    after = idle()
+    wait_for(lambda: idle() >= after + 3, f"three more idle prunes\n{doors.logs()}")
+    flower_caught_up(flower, doors)
     # Prunes every half second overlap: the run's notification may go with another prune
     # than the run ("pruned 0 runs: …, 1 notification"), shown too as it pruned something.
     shown = list(flower.tasks(taskname=PRUNE).values())

@@ -131,7 +131,7 @@ def test_every_step_is_a_span_in_the_callers_trace(
         mine = [s for s in got if s["attributes"].get("agent_jobs.run_id") == run_id]
         return mine if ran | {decision} <= {s["name"] for s in mine} else None
 
-    spans = wait_for(all_spans, f"every step's span\n{cluster.logs()}", timeout=10)
+    spans = wait_for(all_spans, f"every step's span\n{cluster.logs()}")
     # One span per step that ran (a replayed step made none, nor did the killed attempt),
     # and one for the decision.
     assert Counter(span["name"] for span in spans) == Counter([*ran, decision])
