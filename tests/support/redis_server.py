@@ -11,10 +11,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import redis
+
+from tests.support.waiting import eventually
 
 
 def free_port() -> int:
@@ -37,7 +38,7 @@ class RedisServer:
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def start(self, timeout: float = 10) -> RedisServer:
+    def start(self, timeout: float | None = None) -> RedisServer:
         log = (self.dir / "redis.log").open("ab")
         self.proc = subprocess.Popen(
             [
@@ -59,20 +60,20 @@ class RedisServer:
             start_new_session=True,
         )
         log.close()
+        proc = self.proc
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + timeout
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited: {self.log()}") from None
+                return False
+
         try:
-            while True:
-                try:
-                    if client.ping():
-                        return self
-                except redis.RedisError:
-                    pass
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited: {self.log()}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server not up after {timeout}s: {self.log()}")
-                time.sleep(0.02)
+            eventually(up, timeout, what=f"redis-server on port {self.port} to answer")
+            return self
         finally:
             client.close()
 

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
+
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,19 +68,22 @@ class Process:
                 self.restarts += 1
                 self._spawn()
 
-    def start(self, ready: str | None = None, timeout: float = 30) -> Process:
+    def start(self, ready: str | None = None, timeout: float | None = None) -> Process:
         self._spawn()
         assert self.proc is not None
+        proc = self.proc
         if self.restart:
             threading.Thread(target=self._supervise, daemon=True).start()
         if ready is not None:
-            deadline = time.monotonic() + timeout
-            while ready not in self.log():
-                if self.proc.poll() is not None:
+
+            def up() -> bool:
+                if proc.poll() is not None:
                     raise RuntimeError(f"{self.name} exited early:\n{self.log()}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} not ready after {timeout}s:\n{self.log()}")
-                time.sleep(0.05)
+                return ready in self.log()
+
+            eventually(
+                up, timeout, what=f"{self.name} to log {ready!r}", every=0.05, context=self.log
+            )
         return self
 
     def log(self) -> str:
