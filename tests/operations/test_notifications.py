@@ -608,13 +608,13 @@ def test_a_receiver_that_is_down_then_up_gets_every_event_signed(
         assert undelivered(pg_store) == len(written)
         # Retries are spaced: base 0.2 s, doubling, capped at 1 s, at least half of each
         # step (not once a poll, 0.05 s): by the sender's own schedule, each webhook try
-        # (the first attempt is the stream's) is due no sooner than half a step after
-        # the one before was.
+        # is due no sooner than half a step after the one before was. The first attempt
+        # is the stream's: after attempt k, the webhook has failed k - 1 times.
         pairs = 0
         for tries in seen.values():
             posts = sorted(n for n in tries if n >= 2)
             for a, b in itertools.pairwise(posts):
-                least = sum(min(1.0, 0.2 * 2.0 ** (k - 1)) / 2 for k in range(a + 1, b + 1))
+                least = sum(min(1.0, 0.2 * 2.0 ** (k - 2)) / 2 for k in range(a + 1, b + 1))
                 spaced = (tries[b] - tries[a]).total_seconds()
                 assert spaced >= least, (a, b, spaced, least, tries)
                 pairs += 1
