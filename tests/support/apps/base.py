@@ -246,6 +246,54 @@ app.agent(
     tools=TOOLS,
 )
 
+
+class HeldTextModel(CountingModel):
+    """A CountingModel whose first reply stops after its first word until the test opens
+    the run's gate (`open_gate`): a reader that shows words as they come has shown the
+    first while the second does not exist yet."""
+
+    def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        if request.step > 0:
+            return super().run_turn(request, sink)
+        run_id = request.run_id
+
+        class Held:
+            said = 0
+
+            def text(self, delta: str) -> None:
+                if self.said == 1:
+                    wait_for_gate_of(run_id)
+                self.said += 1
+                sink.text(delta)
+
+        return super().run_turn(request, Held())
+
+
+def wait_for_gate_of(run_id: str) -> None:
+    """Return once the test opened the run's gate; a guard against a hang, far above a
+    slow machine, raises."""
+    deadline = time.monotonic() + 120
+    while not counted(run_id, "gate:open"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test never opened the gate of {run_id}")
+        time.sleep(0.02)
+
+
+# Words the test lets out one at a time: the first, then the rest once the gate opens.
+app.agent(
+    "held_words",
+    model=HeldTextModel(
+        [
+            {
+                "text": "thinking slowly ",
+                "tool_calls": [{"name": "lookup", "args": {"order_id": "1"}}],
+            },
+            {"text": "survived"},
+        ]
+    ),
+    tools=TOOLS,
+)
+
 # The benchmark's W1 shape: two turns of two reads each, then an answer.
 app.agent(
     "w1",
