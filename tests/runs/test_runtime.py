@@ -383,9 +383,11 @@ def test_a_next_turn_message_posted_while_the_turn_ends_is_never_stranded(pg_url
     app.agent("a", model=ScriptedModel([{"text": "ok"}]))
     add_run(store, "r1", runner="durable")
     started: list[str | None] = []
+    backend: list[int] = []  # the post's session
 
     def post() -> None:
         with store.begin() as conn:
+            backend.append(conn.connection.dbapi_connection.info.backend_pid)  # no statement
             _, next_run = post_message(
                 conn, app, "r1", "and then?", target="next-turn", runner="durable"
             )
@@ -399,7 +401,8 @@ def test_a_next_turn_message_posted_while_the_turn_ends_is_never_stranded(pg_url
             assert start_next_turn(conn, app, ended, runner="durable") is None
             poster = threading.Thread(target=post, daemon=True)
             poster.start()
-            wait_for_a_lock(store)  # the post now waits for the thread's row
+            eventually(lambda: backend, what="the post's session")
+            wait_for_a_lock(store, backend[0])  # the post now waits for the thread's row
         poster.join(TIMEOUT)
         assert not poster.is_alive()
         [next_run] = started
