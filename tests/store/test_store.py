@@ -175,16 +175,22 @@ def test_a_lease_of_a_dead_process_is_taken_over_and_only_then(redis_url: str) -
 
 
 def test_quota_upsert_adds_up_under_concurrency(store: Store) -> None:
+    failed: list[BaseException] = []
+
     def bump() -> None:
-        for _ in range(10):
-            with store.begin() as conn:
-                usage_rows.bump_quota(conn, actor="u", day="2026-01-01", tokens=3)
+        try:
+            for _ in range(10):
+                with store.begin() as conn:
+                    usage_rows.bump_quota(conn, actor="u", day="2026-01-01", tokens=3)
+        except BaseException as exc:  # the test reports it, not a lost thread
+            failed.append(exc)
 
     workers = [threading.Thread(target=bump) for _ in range(4)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
+    assert not failed, failed
     assert store.tokens_used("u", "2026-01-01") == 120
     assert store.tokens_used("u", "2026-01-02") == 0
 
