@@ -7,7 +7,7 @@ so a test sees from outside the workers how often each step really ran."""
 
 from __future__ import annotations
 
-import time
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from tests.support.apps import controls as controls_apps
 from tests.support.apps import executed
 from tests.support.cluster import Cluster
 from tests.support.services import SESSION_QUEUE
+from tests.support.waiting import eventually
 from tests.support.workers import Process
 
 APP = "tests.support.apps.controls:app"
@@ -54,20 +55,16 @@ class Controls:
     def open_gate(self, run_id: str) -> None:
         (self.gates / run_id).touch()
 
-    def wait_for(self, check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (found := check()):
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
-            time.sleep(0.02)
-        return found
+    def wait_for(self, check: Callable[[], Any], what: str) -> Any:
+        return eventually(check, what=what, context=self.logs)
 
-    def wait_status(self, run_id: str, status: str, timeout: float = 30) -> RunView:
+    def wait_status(self, run_id: str, status: str) -> RunView:
         def reached() -> RunView | None:
             run = self.store.get_run(run_id)
             assert run.status == status or not run.finished, f"{run_id} {run.status}: {run.error}"
             return run if run.status == status else None
 
-        found: RunView = self.wait_for(reached, f"{run_id} to be {status}", timeout)
+        found: RunView = self.wait_for(reached, f"{run_id} to be {status}")
         return found
 
     def steps(self, run_id: str) -> dict[str, dict[str, Any]]:
@@ -116,13 +113,42 @@ def ran(run_id: str) -> list[str]:
     return [what for what, _ in executed(run_id)]
 
 
+TASK = re.compile(r"Task agent_jobs\.\w+\[([0-9a-f-]+)\] (received|succeeded|raised|retry|failed)")
+
+
+def tasks(worker: Process) -> tuple[set[str], set[str]]:
+    """The ids of the tasks the worker received, and of those that ended, by its log."""
+    received: set[str] = set()
+    ended: set[str] = set()
+    for task_id, what in TASK.findall(worker.log()):
+        (received if what == "received" else ended).add(task_id)
+    return received, ended
+
+
+def then_a_pass(worker: Process, act: Callable[[], Any]) -> None:
+    """`act`, once every task the worker received has ended; then wait until a task it
+    received after `act` has ended: the system had its chance to act on it."""
+
+    def settled() -> set[str] | None:
+        received, ended = tasks(worker)
+        return received | {"-"} if received <= ended else None
+
+    before = eventually(settled, what="the worker's tasks to end", context=worker.log)
+    act()
+    eventually(
+        lambda: tasks(worker)[1] - before,
+        what="a task received after it to end",
+        context=lambda: worker.log()[-6000:],
+    )
+
+
 # --- pause and resume ---------------------------------------------------------------------
 
 
 def test_a_paused_run_stops_at_its_next_boundary_holds_nothing_and_resumes(
     controls: Controls,
 ) -> None:
-    controls.worker()
+    worker = controls.worker()
     client = controls.client
     run_id = client.enqueue_run("pausable", "go", actor="user-7")
     controls.wait_for(lambda: "crawl:start" in ran(run_id), "the slow read to start")
@@ -138,8 +164,7 @@ def test_a_paused_run_stops_at_its_next_boundary_holds_nothing_and_resumes(
 
     # While it is paused nothing of it runs, nothing is held, and a wake-up changes nothing.
     journal = controls.store.journal(run_id)
-    client.wake(run_id)
-    time.sleep(2)
+    then_a_pass(worker, lambda: client.wake(run_id))
     assert controls.store.get_run(run_id).status == "paused"
     assert controls.store.journal(run_id) == journal
     assert ran(run_id) == ["model", "crawl:start", "crawl"]
@@ -175,7 +200,7 @@ def client_frames(controls: Controls, run_id: str) -> list[dict[str, Any]]:
 def test_a_run_paused_while_it_waits_for_a_person_runs_nothing_until_resumed(
     controls: Controls,
 ) -> None:
-    controls.worker()
+    worker = controls.worker()
     client = controls.client
     run_id = client.enqueue_run("forkable", "go", actor="user-7")
     controls.wait_status(run_id, "awaiting_approval")
@@ -184,8 +209,7 @@ def test_a_run_paused_while_it_waits_for_a_person_runs_nothing_until_resumed(
     assert run.waiting_on == "paused by alice"
 
     # The decision is recorded, and wakes the run: it stays paused, the charge does not run.
-    assert client.approve(run_id, "call_2", actor="alice")
-    time.sleep(2)
+    then_a_pass(worker, lambda: client.approve(run_id, "call_2", actor="alice"))
     assert controls.store.get_run(run_id).status == "paused"
     assert "charge" not in ran(run_id)
     assert controls.held(run_id) == []
@@ -236,13 +260,13 @@ def test_a_run_that_failed_on_a_dead_letter_runs_the_step_again_and_completes(
     controls.cluster.beat()
     client = controls.client
     run_id = client.enqueue_run("crashing", "go", actor="user-7")
-    run = controls.cluster.wait(run_id, timeout=90)
+    run = controls.cluster.wait(run_id)
     assert run.status == "failed" and "gave up after 1 attempts" in (run.error or "")
     assert ran(run_id).count("shaky") == 1
 
     controls.open_gate(run_id)
     assert client.retry(run_id, actor="alice").steps == ["tool:call_1"]
-    run = controls.cluster.wait(run_id, timeout=60)
+    run = controls.cluster.wait(run_id)
     assert run.status == "completed" and run.output == "survived"
     assert ran(run_id).count("shaky") == 2  # once more, with a fresh attempt count
     steps = controls.steps(run_id)

@@ -22,9 +22,10 @@ from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from tests.support.apps import controls as controls_apps
 from tests.support.apps import executed
-from tests.support.doors import Doors, cli, open_doors, wait_for
+from tests.support.doors import Doors, cli, open_doors
 from tests.support.redis_server import RedisServer
 from tests.support.serve import Api, ApiServer, api_env, assert_error
+from tests.support.waiting import TIMEOUT, eventually
 
 APP = "tests.support.apps.controls:app"
 
@@ -50,7 +51,7 @@ class Deployment:
             run = self.store.get_run(run_id)
             return run.status if run.finished else None
 
-        found: str = wait_for(ended, f"{run_id} to end\n{self.doors.logs()}", timeout=30)
+        found: str = eventually(ended, what=f"{run_id} to end", context=self.doors.logs)
         return found
 
     def approved(self, agent: str = "forkable") -> str:
@@ -248,7 +249,7 @@ def test_without_a_broker_the_command_line_retries_an_inline_run_here(
     try:
         runner = InlineRunner(controls_apps.app, store, settings=Settings(), poll_interval=0.05)
         run_id = runner.start("flaky", "go", actor="user-7")
-        assert runner.wait(run_id, timeout=20).status == "failed"
+        assert runner.wait(run_id, timeout=TIMEOUT).status == "failed"
     finally:
         store.engine.dispose()
     refused = deployment.cli("retry", run_id)  # the durable door: not its runner

@@ -25,6 +25,7 @@ from agent_jobs.errors import ConfigurationError, ModelError
 from agent_jobs.messages import Message, ModelSettings, ToolCall, ToolSpec
 from agent_jobs.models.anthropic import AnthropicModel
 from agent_jobs.models.base import Model
+from tests.support.waiting import TIMEOUT
 
 MODEL = "claude-haiku-4-5"
 
@@ -90,7 +91,7 @@ def text_reply(*pieces: str) -> Reply:
 
 @pytest.fixture
 def model(fake: FakeProvider) -> Iterator[AnthropicModel]:
-    m = AnthropicModel(MODEL, api_key=API_KEY, base_url=fake.url, timeout=5)
+    m = AnthropicModel(MODEL, api_key=API_KEY, base_url=fake.url, timeout=TIMEOUT)
     yield m
     m.close()
 

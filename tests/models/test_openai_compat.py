@@ -24,6 +24,7 @@ from agent_jobs.messages import Message, ModelSettings, ToolCall, ToolSpec
 from agent_jobs.models.base import Model
 from agent_jobs.models.openai_compat import OpenAICompatModel
 from agent_jobs.models.registry import resolve_model
+from tests.support.waiting import TIMEOUT
 
 
 def chunk(
@@ -70,7 +71,9 @@ def text_reply(*pieces: str, prompt: int = 100, completion: int = 50, **usage: A
 
 @pytest.fixture
 def model(fake: FakeProvider) -> Iterator[OpenAICompatModel]:
-    m = OpenAICompatModel("gpt-4.1-mini", api_key=API_KEY, base_url=f"{fake.url}/v1", timeout=5)
+    m = OpenAICompatModel(
+        "gpt-4.1-mini", api_key=API_KEY, base_url=f"{fake.url}/v1", timeout=TIMEOUT
+    )
     yield m
     m.close()
 

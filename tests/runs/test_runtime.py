@@ -66,12 +66,24 @@ def test_every_transition_is_an_event_in_order(harness: Harness) -> None:
     assert harness.client.when_idle(run.run_id, timeout=0)  # already idle: at once
 
 
+def model_in_flight(harness: Harness, run_id: str) -> None:
+    """Wait until the run's held model step has begun (it goes on once the gate opens)."""
+    eventually(
+        lambda: ("model", "model:1") in executed(run_id),
+        what="the model step to begin",
+        context=lambda: harness.store.get_run(run_id).status,
+    )
+
+
 def test_status_is_running_during_a_turn_and_wait_blocks_until_idle(harness: Harness) -> None:
-    run_id = harness.start("slowtalk", "think")
-    harness.wait_frame(run_id, "text_delta")
-    assert harness.client.status(run_id) == "running"
-    assert not harness.client.when_idle(run_id, timeout=0.1)
-    assert harness.client.when_idle(run_id, timeout=20)
+    run_id = harness.start("heldtalk", "think")
+    try:
+        model_in_flight(harness, run_id)
+        assert harness.client.status(run_id) == "running"
+        assert not harness.client.when_idle(run_id, timeout=0.1)  # the model is held
+    finally:
+        apps.open_gate(run_id)
+    assert harness.client.when_idle(run_id, timeout=TIMEOUT)
     assert harness.store.get_run(run_id).status == "completed"
 
 
@@ -130,10 +142,13 @@ def test_a_next_turn_message_becomes_the_next_request(harness: Harness) -> None:
 
 
 def test_cancel_discards_the_step_in_flight_and_clears_the_inbox(harness: Harness) -> None:
-    run_id = harness.start("slowtalk", "think")
-    harness.wait_frame(run_id, "text_delta")  # the model is streaming
-    harness.post(run_id, "queued for later", target="next-turn")
-    assert harness.cancel(run_id) == [run_id]
+    run_id = harness.start("heldtalk", "think")
+    try:
+        model_in_flight(harness, run_id)
+        harness.post(run_id, "queued for later", target="next-turn")
+        assert harness.cancel(run_id) == [run_id]
+    finally:
+        apps.open_gate(run_id)  # the step in flight goes on, and ends late
     run = harness.wait(run_id)
 
     assert run.status == "cancelled" and run.error == "cancelled (user)"
@@ -164,10 +179,13 @@ def test_cancel_discards_the_step_in_flight_and_clears_the_inbox(harness: Harnes
 
 
 def test_cancel_can_keep_the_inbox(harness: Harness) -> None:
-    run_id = harness.start("slowtalk", "think")
-    harness.wait_frame(run_id, "text_delta")
-    harness.post(run_id, "keep me", target="next-turn")
-    harness.cancel(run_id, cause="superseded", keep_inbox=True)
+    run_id = harness.start("heldtalk", "think")
+    try:
+        model_in_flight(harness, run_id)
+        harness.post(run_id, "keep me", target="next-turn")
+        harness.cancel(run_id, cause="superseded", keep_inbox=True)
+    finally:
+        apps.open_gate(run_id)
     run = harness.wait(run_id)
     assert run.status == "cancelled"
     end = [e for e in harness.events(run_id) if e.type == "turn/end"][-1]
@@ -365,9 +383,11 @@ def test_a_next_turn_message_posted_while_the_turn_ends_is_never_stranded(pg_url
     app.agent("a", model=ScriptedModel([{"text": "ok"}]))
     add_run(store, "r1", runner="durable")
     started: list[str | None] = []
+    backend: list[int] = []  # the post's session
 
     def post() -> None:
         with store.begin() as conn:
+            backend.append(conn.connection.dbapi_connection.info.backend_pid)  # no statement
             _, next_run = post_message(
                 conn, app, "r1", "and then?", target="next-turn", runner="durable"
             )
@@ -381,7 +401,8 @@ def test_a_next_turn_message_posted_while_the_turn_ends_is_never_stranded(pg_url
             assert start_next_turn(conn, app, ended, runner="durable") is None
             poster = threading.Thread(target=post, daemon=True)
             poster.start()
-            wait_for_a_lock(store)  # the post now waits for the thread's row
+            eventually(lambda: backend, what="the post's session")
+            wait_for_a_lock(store, backend[0])  # the post now waits for the thread's row
         poster.join(TIMEOUT)
         assert not poster.is_alive()
         [next_run] = started

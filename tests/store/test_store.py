@@ -13,6 +13,7 @@ from agent_jobs.store import Store, journal, runs, threads, toolcalls
 from agent_jobs.store import usage as usage_rows
 from agent_jobs.store.schema import runs as runs_table
 from tests.support.builders import add_run
+from tests.support.waiting import TIMEOUT
 
 _run = add_run
 
@@ -174,16 +175,22 @@ def test_a_lease_of_a_dead_process_is_taken_over_and_only_then(redis_url: str) -
 
 
 def test_quota_upsert_adds_up_under_concurrency(store: Store) -> None:
+    failed: list[BaseException] = []
+
     def bump() -> None:
-        for _ in range(10):
-            with store.begin() as conn:
-                usage_rows.bump_quota(conn, actor="u", day="2026-01-01", tokens=3)
+        try:
+            for _ in range(10):
+                with store.begin() as conn:
+                    usage_rows.bump_quota(conn, actor="u", day="2026-01-01", tokens=3)
+        except BaseException as exc:  # the test reports it, not a lost thread
+            failed.append(exc)
 
     workers = [threading.Thread(target=bump) for _ in range(4)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
+    assert not failed, failed
     assert store.tokens_used("u", "2026-01-01") == 120
     assert store.tokens_used("u", "2026-01-02") == 0
 
@@ -531,18 +538,26 @@ def test_a_reader_holds_no_writer_up(store: Store) -> None:
     """A read (`Store.connect`) takes no write lock: a writer goes on while a reader's
     transaction is open (on SQLite a reader that took the write lock starved writers)."""
     _run(store)
-    wrote = threading.Event()
+    ended = threading.Event()
+    failed: list[BaseException] = []
 
     def write() -> None:
-        with store.begin() as conn:
-            threads.ensure_thread(conn, "written-meanwhile")
-        wrote.set()
+        try:
+            with store.begin() as conn:
+                threads.ensure_thread(conn, "written-meanwhile")
+        except BaseException as exc:  # the test reports it
+            failed.append(exc)
+        finally:
+            ended.set()
 
     with store.connect() as reader:
         reader.execute(select(runs_table.c.id)).all()  # its transaction is open
         writer = threading.Thread(target=write)
         writer.start()
-        assert wrote.wait(5), "the writer waited for the reader"
+        # A writer held up by the reader would wait until the reader ends: it ends while
+        # the reader is still open (TIMEOUT is only a guard against that hang).
+        assert ended.wait(TIMEOUT), "the writer waited for the reader"
+        assert not failed, failed
         writer.join()
     with store.connect() as conn:
         assert threads.thread_exists(conn, "written-meanwhile")

@@ -9,6 +9,7 @@ import redis
 from kombu import Connection, Exchange, Queue
 
 from agent_jobs.transport import TRANSPORT, Channel, transport_for
+from tests.support.waiting import TIMEOUT
 
 
 def _count_clients(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -41,7 +42,7 @@ def test_a_channel_publishes_and_acks_with_one_client(
         with conn.Consumer(queue, channel=channel, accept=["json"]) as consumer:
             consumer.register_callback(lambda body, message: (got.append(body["n"]), message.ack()))
             while len(got) < 51:
-                conn.drain_events(timeout=5)
+                conn.drain_events(timeout=TIMEOUT)
         assert sorted(got) == list(range(51))
         # Fifty publishes and fifty-one acks: kombu alone builds a client for each.
         assert built[0] <= 2, f"{built[0]} redis clients built for 101 commands"

@@ -64,7 +64,7 @@ from tests.support.apps.faults import (
     wait_held_starts,
 )
 from tests.support.apps.history import SummaryModel
-from tests.support.apps.runtime import FlakyModel, gate
+from tests.support.apps.runtime import FlakyModel, HeldModel, gate
 
 __all__ = [
     "CPU_QUEUE",
@@ -73,6 +73,7 @@ __all__ = [
     "TOOLS",
     "CountingModel",
     "FlakyModel",
+    "HeldModel",
     "SummaryModel",
     "app",
     "base",

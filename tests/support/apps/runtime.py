@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from agent_jobs import AgentOptions
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
 from agent_jobs.prestep import PreStepContext, PreStepDecision
-from tests.support.apps.base import TOOLS, CountingModel, app, executed, record
+from tests.support.apps.base import TOOLS, CountingModel, app, counted, executed, record
 
 
 class FlakyModel(CountingModel):
@@ -70,6 +71,27 @@ app.agent(
     ),
     tools=TOOLS,
     options=AgentOptions(model="m1", reasoning_effort="high"),
+)
+
+
+class HeldModel(CountingModel):
+    """A model whose call waits until the test opens the run's gate (`open_gate`), then
+    streams its answer: the step is in flight for as long as the test needs."""
+
+    def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        record(request.run_id, "model", f"model:{request.step + 1}")
+        deadline = time.monotonic() + 60  # a guard against a hang, far above a slow machine
+        while not counted(request.run_id, "gate:open"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the test never opened the gate of {request.run_id}")
+            time.sleep(0.02)
+        return self.scripted.run_turn(request, sink)
+
+
+app.agent(
+    "heldtalk",
+    model=HeldModel([{"text": "a held and thoughtful answer"}]),
+    tools=TOOLS,
 )
 
 # A model step that takes two seconds to stream.
