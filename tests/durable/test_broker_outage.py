@@ -24,25 +24,36 @@ from tests.support.services import SESSION_QUEUE
 from tests.support.waiting import eventually
 
 
-def test_a_worker_survives_redis_restarts_with_a_step_in_flight(cluster: Cluster) -> None:
+def test_a_worker_survives_redis_restarts_with_a_step_in_flight(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     # kombu closed the channel twice when the connection dropped while a message was
     # unacknowledged and a BRPOP in flight: "Unrecoverable error", the worker gone.
-    worker = cluster.worker(concurrency=2)
-    for _ in range(6):
-        run_id = cluster.client.enqueue_run("crashy", "go", actor="user-7")
-        # The model streams (its call is counted as it begins): one task running, the
-        # queue empty.
+    # Restarted six times: while a model streams (three seconds of deltas), and while a
+    # tool waits at a gate the test opens after the restart (no seconds to sit out).
+    worker = cluster.worker(concurrency=2, TEST_GATE_DIR=str(tmp_path))
+    for i in range(6):
+        agent, step, what, output = (
+            ("crashy", "model:1", "model", "survived")
+            if i % 2 == 0
+            else ("gated_by_file", "tool:call_1", "wait_for_gate:start", "through the gate")
+        )
+        run_id = cluster.client.enqueue_run(agent, "go", actor="user-7")
+        key = step if what == "model" else f"{run_id}:{step}"
+        # The step runs (it counts itself as it begins): one task running, the queue
+        # empty.
         eventually(
-            lambda r=run_id: ("model", "model:1") in apps.executed(r),
-            what="model:1 to be streaming",
+            lambda r=run_id, k=key, w=what: (w, k) in apps.executed(r),
+            what=f"{step} of {agent} to be running",
             context=worker.log,
         )
         cluster.redis.restart()
+        (tmp_path / run_id).touch()  # the gate, for the tool that waits at it
         # The step that ran through the restart went on to its end and moved its run
         # on: nothing waited for the sweep (there is none here).
         run = cluster.wait(run_id)
-        assert run.status == "completed" and run.output == "survived", run
-        assert apps.executed(run_id).count(("model", "model:1")) == 1
+        assert run.status == "completed" and run.output == output, run
+        assert apps.executed(run_id).count((what, key)) == 1
         assert worker.running, worker.log()[-4000:]
     # The worker consumed from the broker after the last restart: it reconnected, alive.
     after = cluster.client.enqueue_run("w1", "go", actor="user-7")

@@ -25,7 +25,7 @@ from tests.support.apps import executed
 from tests.support.builders import whole_request
 from tests.support.cluster import Cluster
 from tests.support.services import truncate_all, waiting_on_a_lock
-from tests.support.waiting import eventually, wait_status
+from tests.support.waiting import TIMEOUT, eventually, wait_status
 from tests.support.workers import Process
 
 
@@ -370,7 +370,7 @@ def test_a_step_that_keeps_killing_its_worker_becomes_a_dead_letter(cluster: Clu
     cluster.worker(concurrency=1, restart=True)
     cluster.beat()
     run_id = cluster.client.enqueue_run("poison", "go", actor="user-7")
-    run = cluster.wait(run_id, timeout=90)
+    run = cluster.wait(run_id, timeout=1.5 * TIMEOUT)  # three deaths and restarts
     assert run.status == "failed" and run.error_type == "StepFailedError"
     assert "gave up after 3 attempts" in (run.error or "")
     assert executed(run_id).count(("crash", f"{run_id}:tool:call_1")) == 3

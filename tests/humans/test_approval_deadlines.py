@@ -5,24 +5,45 @@ decided deterministically in two transactions."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from agent_jobs.approvals import deadlines
 from agent_jobs.approvals.record import record_decision
 from agent_jobs.checkpoints import Decision
 from agent_jobs.errors import ConfigurationError, DecisionRefusedError
+from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.store.schema import tool_calls
 from tests.support import apps
-from tests.support.apps import DEADLINE, executed
+from tests.support.apps import executed
 from tests.support.builders import add_run
 from tests.support.harness import Harness
-from tests.support.services import truncate_all
+from tests.support.services import truncate_all, waiting_on_a_lock
+from tests.support.waiting import TIMEOUT, eventually
+
+# How often beat's sweep runs: a decision sooner than this after a deadline was not its.
+SWEEP_INTERVAL = Settings().sweep_interval
+
+
+def executions_at(run_id: str) -> list[tuple[str, datetime]]:
+    """(what, when) of every execution the test apps counted for the run, in order."""
+    with apps.side_engine().connect() as conn:
+        rows = conn.execute(
+            select(apps.executions.c.what, apps.executions.c.at)
+            .where(apps.executions.c.run_id == run_id)
+            .order_by(apps.executions.c.id)
+        ).all()
+    return [(r.what, r.at) for r in rows]
+
+
+def db_now(store: Store) -> datetime:
+    with store.connect() as conn:
+        now: datetime = conn.execute(select(func.now())).scalar_one()
+    return now
 
 
 def decision_of(h: Harness, run_id: str, call_id: str) -> dict[str, Any]:
@@ -30,16 +51,15 @@ def decision_of(h: Harness, run_id: str, call_id: str) -> dict[str, Any]:
     return call
 
 
-def request_frames(h: Harness, run_id: str, n: int, timeout: float = 20) -> list[dict[str, Any]]:
-    """The run's first `n` approval requests, read from its live stream as they come."""
+def request_frames(h: Harness, run_id: str, n: int) -> list[dict[str, Any]]:
+    """The run's first `n` approval requests, read from its live stream as they come
+    (the stream's own read blocks for at most TIMEOUT)."""
     found: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
     for frame in h.frames_live(run_id):
         if frame["type"] == "approval_request":
             found.append(frame)
             if len(found) == n:
                 return found
-        assert time.monotonic() < deadline, f"{len(found)} approval requests in {timeout}s"
     raise AssertionError(f"the stream of {run_id} ended after {len(found)} approval requests")
 
 
@@ -47,7 +67,7 @@ def test_an_undecided_call_is_rejected_at_its_deadline(harness: Harness) -> None
     run_id = harness.start("lapsing", "refund 42")
     asked = harness.wait_frame(run_id, "approval_request")
     deadline = datetime.fromisoformat(asked["deadline"])
-    run = harness.wait(run_id, timeout=30)
+    run = harness.wait(run_id)
     assert run.status == "completed" and run.output == "refund_or_lapse done"
     call = decision_of(harness, run_id, asked["call_id"])
     assert (call["decision"], call["decided_by"], call["decision_reason"]) == (
@@ -56,8 +76,9 @@ def test_an_undecided_call_is_rejected_at_its_deadline(harness: Harness) -> None
         deadlines.TIMEOUT_REASON,
     )
     # Decided at its deadline (a delayed wake-up, or the inline runner's own look), not
-    # by a sweep a minute later.
-    assert timedelta(0) <= call["decided_at"] - deadline < timedelta(seconds=5)
+    # before it, and not by a sweep: none runs beside these workers, and one would come
+    # a sweep interval later.
+    assert timedelta(0) <= call["decided_at"] - deadline < timedelta(seconds=SWEEP_INTERVAL)
     assert [w for w, _ in executed(run_id)] == ["model", "model"]  # the refund never ran
     journal = {row["step"]: row for row in harness.store.journal(run_id)}
     assert journal[f"approval:{asked['call_id']}"]["result"]["actor"] == deadlines.TIMEOUT_ACTOR
@@ -66,7 +87,7 @@ def test_an_undecided_call_is_rejected_at_its_deadline(harness: Harness) -> None
 
 def test_on_timeout_approve_runs_the_call(harness: Harness) -> None:
     run_id = harness.start("lenient", "refund 42")
-    run = harness.wait(run_id, timeout=30)
+    run = harness.wait(run_id)
     assert run.status == "completed"
     assert [w for w, _ in executed(run_id)] == ["model", "refund_unless_stopped", "model"]
     [call] = harness.store.tool_calls(run_id)
@@ -77,10 +98,16 @@ def test_a_person_who_decides_in_time_beats_the_deadline(harness: Harness) -> No
     run_id = harness.start("lapsing", "refund 42")
     asked = harness.wait_frame(run_id, "approval_request")
     assert harness.decide(run_id, asked["call_id"], "approve", "alice")
-    run = harness.wait(run_id, timeout=30)
+    run = harness.wait(run_id)
     assert run.status == "completed"
-    time.sleep(DEADLINE + 0.5)  # past the deadline: nothing changes
+    # Past its deadline nothing changes: a run asked later lapses at its own deadline,
+    # by the same means, after this one's came and went.
+    later = harness.start("lapsing", "refund 42")
+    assert harness.wait(later).status == "completed"
+    [lapsed] = harness.store.tool_calls(later)
+    assert (lapsed["decision"], lapsed["decided_by"]) == ("reject", deadlines.TIMEOUT_ACTOR)
     call = decision_of(harness, run_id, asked["call_id"])
+    assert call["approval_deadline"] < lapsed["decided_at"]
     assert (call["decision"], call["decided_by"]) == ("approve", "alice")
     assert [w for w, _ in executed(run_id)] == ["model", "refund_or_lapse", "model"]
 
@@ -98,7 +125,7 @@ def test_escalation_hands_the_call_to_its_roles_and_a_second_timeout_rejects(
     assert datetime.fromisoformat(escalated["deadline"]) > datetime.fromisoformat(first["deadline"])
     assert decision_of(harness, run_id, first["call_id"])["escalated"]
     # The second deadline passes: rejected, though the tool's timeout would have escalated.
-    run = harness.wait(run_id, timeout=30)
+    run = harness.wait(run_id)
     assert run.status == "completed"
     call = decision_of(harness, run_id, first["call_id"])
     assert (call["decision"], call["decided_by"]) == ("reject", deadlines.TIMEOUT_ACTOR)
@@ -110,14 +137,14 @@ def test_only_the_roles_it_was_escalated_to_may_decide_an_escalated_call(
 ) -> None:
     run_id = harness.start("escalating", "refund 42")
     first = harness.wait_frame(run_id, "approval_request")
-    deadline = time.monotonic() + 20
-    while not decision_of(harness, run_id, first["call_id"])["escalated"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(
+        lambda: decision_of(harness, run_id, first["call_id"])["escalated"],
+        what="the call to be escalated",
+    )
     with pytest.raises(DecisionRefusedError, match="manager"):
         harness.decide(run_id, first["call_id"], "approve", "alice")  # a lead: no longer
     assert harness.decide(run_id, first["call_id"], "approve", "mia")  # a manager
-    run = harness.wait(run_id, timeout=30)
+    run = harness.wait(run_id)
     assert run.status == "completed"
     assert [w for w, _ in executed(run_id)] == ["model", "refund_escalated", "model"]
 
@@ -135,14 +162,16 @@ def test_every_approval_of_a_turn_is_asked_at_once_and_decided_in_any_order(
     assert [w for w, _ in executed(run_id)] == ["model"]
     # The second first: still nothing runs, the run waits on the first.
     assert harness.decide(run_id, second["call_id"], "approve", "alice")
-    time.sleep(0.5)
     assert [w for w, _ in executed(run_id)] == ["model"]
     assert harness.store.get_run(run_id).status == "awaiting_approval"
     # The first, rejected: the model is told; the read and the second refund run, in order.
     assert harness.decide(run_id, first["call_id"], "reject", "alice")
-    run = harness.wait(run_id, timeout=30)
+    run = harness.wait(run_id)
     assert run.status == "completed"
     assert [w for w, _ in executed(run_id)] == ["model", "lookup", "refund", "model"]
+    # And none of them ran before the first decision: the second alone moved nothing.
+    first_decided = decision_of(harness, run_id, first["call_id"])["decided_at"]
+    assert all(at >= first_decided for _, at in executions_at(run_id)[1:])
     [refunded] = [k for w, k in executed(run_id) if w == "refund"]
     assert refunded.endswith(second["call_id"])
 
@@ -218,9 +247,9 @@ def _race(store: Store, first: Any, second: Any) -> Any:
         first(conn)
         waiting = threading.Thread(target=other, daemon=True)
         waiting.start()
-        time.sleep(0.5)
+        eventually(lambda: waiting_on_a_lock(store), what="the second to wait for the lock")
         assert waiting.is_alive(), "the second did not wait for the run's lock"
-    waiting.join(10)
+    waiting.join(TIMEOUT)
     return outcome[0]
 
 
@@ -266,11 +295,14 @@ def test_a_deadline_outlives_the_workers_and_a_broker_that_lost_everything(clust
         client.flushall()
     finally:
         client.close()
-    time.sleep(DEADLINE + 0.5)  # past the deadline, with nothing running
+    # Past the deadline by Postgres's clock (the one the sweep judges by), with nothing
+    # running.
+    [call] = cluster.store.tool_calls(run_id)
+    eventually(lambda: db_now(cluster.store) > call["approval_deadline"], what="the deadline")
     assert cluster.store.get_run(run_id).status == "awaiting_approval"
     cluster.worker()
     cluster.beat()
-    run = cluster.wait(run_id, timeout=30)
+    run = cluster.wait(run_id)
     assert run.status == "completed"
     [call] = cluster.store.tool_calls(run_id)
     assert (call["decision"], call["decided_by"]) == ("reject", deadlines.TIMEOUT_ACTOR)

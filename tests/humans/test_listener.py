@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.apps import executed
 from tests.support.doors import SECRET, Doors, approval, cli, open_doors, signed, wait_for
+from tests.support.waiting import TIMEOUT
 from tests.support.workers import Process
 
 LISTENER_BROKER_DB = 4
@@ -247,7 +248,7 @@ def test_without_a_secret_the_listener_refuses_to_start_unless_told(
     doors: Doors, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in doors.env.items() if k != "AGENT_JOBS_APPROVAL_SECRET"}
-    refused = cli("approvals", "listen", env=env, timeout=30)
+    refused = cli("approvals", "listen", env=env, timeout=TIMEOUT)
     assert refused.returncode == 2
     assert "AGENT_JOBS_APPROVAL_SECRET is not set" in refused.stderr
     assert "--allow-unsigned" in refused.stderr

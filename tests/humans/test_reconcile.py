@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,14 @@ import redis
 
 from agent_jobs.client import Client
 from agent_jobs.dispatch import CeleryDispatcher
+from agent_jobs.leases import Holder, Leases
 from agent_jobs.settings import Settings
 from tests.support.apps import executed
 from tests.support.apps import reconcile as reconcile_apps
 from tests.support.cluster import Cluster
 from tests.support.doors import cli
 from tests.support.services import SESSION_QUEUE
+from tests.support.waiting import eventually
 from tests.support.workers import Process
 
 APP = "tests.support.apps.reconcile:app"
@@ -57,17 +58,16 @@ class Outcomes:
         )
 
     def steady(self) -> None:
-        """Every worker is up, and each of its processes has said it lives: a process
-        killed before its first beat (half a second after it starts) is found by the
-        sweep alone, which these tests do not run."""
-        deadline = time.monotonic() + 30
+        """Every worker is up (a restarted one too). Each process says it lives before
+        its first task goes on, so one killed in a handler is known to have lived."""
         for proc in self.cluster.procs:
             if proc.name != "worker":
                 continue
-            while not (proc.running and proc.log().count(" ready.") > proc.restarts):
-                assert time.monotonic() < deadline, f"{proc.name} is not up:\n{proc.log()}"
-                time.sleep(0.05)
-        time.sleep(1.0)
+            eventually(
+                lambda p=proc: p.running and p.log().count(" ready.") > p.restarts,
+                what=f"{proc.name} to be up",
+                context=proc.log,
+            )
 
     def approved(self, agent: str) -> str:
         """A run of `agent` whose one action call is approved: its handler starts."""
@@ -82,21 +82,42 @@ class Outcomes:
         prefix = f"{what}:start:"
         return [int(w.rsplit(":", 1)[1]) for w, _ in executed(run_id) if w.startswith(prefix)]
 
-    def wait_starts(self, run_id: str, what: str, n: int, timeout: float = 30) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while len(found := self.starts(run_id, what)) < n:
-            assert time.monotonic() < deadline, f"{what} began {len(found)} times, not {n}"
-            time.sleep(0.02)
-        return found
+    def wait_starts(self, run_id: str, what: str, n: int) -> list[int]:
+        return eventually(
+            lambda: (found := self.starts(run_id, what))[n - 1 :] and found,
+            what=f"{what} of {run_id} to have begun {n} time(s)",
+            context=self.logs,
+        )
 
-    def wait_status(self, run_id: str, status: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while (run := self.client.get_run(run_id)).status != status:
-            assert not run.finished, f"{run_id} ended {run.status}: {run.error}"
-            assert time.monotonic() < deadline, (
-                f"{run_id} is {run.status}: {self.cluster.store.journal(run_id)}\n{self.logs()}"
+    def wait_status(self, run_id: str, status: str) -> None:
+        def reached() -> bool:
+            run = self.client.get_run(run_id)
+            assert run.status == status or not run.finished, (
+                f"{run_id} ended {run.status}: {run.error}"
             )
-            time.sleep(0.05)
+            return run.status == status
+
+        eventually(
+            reached,
+            what=f"{run_id} to be {status}",
+            context=lambda: f"{self.cluster.store.journal(run_id)}\n{self.logs()}",
+        )
+
+    def wait_recovered(self, pid: int) -> None:
+        """Every recovery the death of process `pid` sets off has had its chance: the
+        process is taken (its steps sent again, if anyone was to send them), and what
+        was sent has been taken from the queue."""
+
+        def taken() -> bool:
+            alive = [Holder.of_process(p) for p in Leases(self.redis).processes()]
+            return all(h is None or h.pid != pid for h in alive)
+
+        eventually(taken, what=f"process {pid} to be taken for dead", context=self.logs)
+        eventually(
+            lambda: self.redis.llen(SESSION_QUEUE) == 0,
+            what="the steps sent again to be taken",
+            context=self.logs,
+        )
 
     def open_gate(self, run_id: str) -> None:
         (self.gates / run_id).touch()
@@ -147,14 +168,14 @@ def parked_after_a_kill(outcomes: Outcomes, agent: str, what: str, kill: Any) ->
     """A run of `agent` whose handler `what` was killed midway: it waits for a person,
     having begun the handler once. Returns the run id."""
     run_id = outcomes.approved(agent)
-    [pid] = outcomes.wait_starts(run_id, what, 1)
-    time.sleep(0.2)  # well inside the handler
+    [pid] = outcomes.wait_starts(run_id, what, 1)  # inside the handler, at its gate
     kill(outcomes, pid)
     outcomes.wait_status(run_id, "awaiting_reconcile")
     run = outcomes.client.get_run(run_id)
     assert run.waiting_on == f"awaiting_reconcile {what} call_1"
     assert outcomes.step_row(run_id)["state"] == "waiting"
-    time.sleep(1.0)  # whatever recovery would do, it has done: nothing runs it again
+    outcomes.wait_recovered(pid)  # whatever recovery would do, it has done…
+    # …and nothing ran the handler again.
     assert len(outcomes.starts(run_id, what)) == 1, executed(run_id)
     assert outcomes.client.get_run(run_id).status == "awaiting_reconcile"
     [unknown] = [f for f in outcomes.frames(run_id) if f["type"] == "outcome_unknown"]
@@ -247,7 +268,6 @@ def test_a_tool_that_reconciles_itself_an_idempotent_one_and_one_that_asks_need_
     # `reconcile(ctx)` finds the charge by its idempotency key: its result is the call's.
     run_id = outcomes.approved("charger")
     [pid] = outcomes.wait_starts(run_id, "charge", 1)
-    time.sleep(0.2)
     kill_the_process(outcomes, pid)
     run = cluster.wait(run_id)
     assert run.status == "completed", (run.error, outcomes.logs())
@@ -260,7 +280,6 @@ def test_a_tool_that_reconciles_itself_an_idempotent_one_and_one_that_asks_need_
     # idempotent=True: today's at-least-once retry, the handler runs again to its end.
     run_id = outcomes.approved("payer_again")
     [pid] = outcomes.wait_starts(run_id, "pay_again", 1)
-    time.sleep(0.2)
     kill_the_process(outcomes, pid)
     outcomes.wait_starts(run_id, "pay_again", 2)
     outcomes.open_gate(run_id)
@@ -283,7 +302,7 @@ def test_a_tool_that_reconciles_itself_an_idempotent_one_and_one_that_asks_need_
 
 
 def test_an_action_past_its_hard_time_limit_waits_for_a_person(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, worker_pool: str
 ) -> None:
     """Given up at its hard time limit (prefork: its process killed; threads: the watchdog
     lets go of its thread, which may still finish), the call is not sent to run again."""
@@ -291,11 +310,19 @@ def test_an_action_past_its_hard_time_limit_waits_for_a_person(
     # Task limits: hard 6 + 1 (the chain's budget) = 7 s, soft 2 s.
     outcomes.worker(restart=True, AGENT_JOBS_STEP_TIME_LIMIT="6", AGENT_JOBS_EAGER_BUDGET="1")
     run_id = outcomes.approved("slow_payer")
-    outcomes.wait_status(run_id, "awaiting_reconcile", timeout=40)
+    outcomes.wait_status(run_id, "awaiting_reconcile")
     assert len(outcomes.starts(run_id, "pay_slowly")) == 1
-    assert ("pay_slowly:soft", f"{run_id}:tool:call_1") in executed(run_id)
+    key = f"{run_id}:tool:call_1"
+    assert ("pay_slowly:soft", key) in executed(run_id)
     outcomes.open_gate(run_id)  # a thread given up on ends now: what it returns is refused
-    time.sleep(1.0)
+    if worker_pool == "threads":  # on prefork its process was killed: it never ends
+
+        def ended() -> bool:  # returned, or was interrupted (the executor logs that)
+            failed = f"tool pay_slowly failed in run {run_id}"
+            logs = "\n".join(proc.log() for proc in cluster.procs)
+            return ("pay_slowly", key) in executed(run_id) or failed in logs
+
+        eventually(ended, what="the thread given up on to end", context=outcomes.logs)
     assert outcomes.client.get_run(run_id).status == "awaiting_reconcile"
     assert outcomes.step_row(run_id)["state"] == "waiting"
     assert outcomes.client.reconcile(run_id, "call_1", "failed", actor="alice", error="timed out")

@@ -21,6 +21,7 @@ from agent_jobs.store.db import utcnow
 from agent_jobs.store.schema import runs as runs_table
 from agent_jobs.tools import ReconcileContext, Tool, ToolContext
 from tests.support.builders import add_run
+from tests.support.waiting import TIMEOUT
 
 
 def pay(order_id: str) -> dict[str, str]:
@@ -216,7 +217,7 @@ def test_the_inline_runner_runs_an_action_once_and_has_nothing_to_reconcile(
     for frame in runner.frames(run_id):
         if frame["type"] == "approval_request":
             runner.signal(run_id, frame["call_id"], "approve", actor="alice")
-    assert runner.wait(run_id, timeout=10).status == "completed"
+    assert runner.wait(run_id, timeout=TIMEOUT).status == "completed"
     assert runs_of_pay == [f"{run_id}:tool:call_1"]  # a failure is the model's, not a retry
     journal_before = store.journal(run_id)
     client = Client(store, app, Settings())
