@@ -146,7 +146,9 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
             settings = Settings(database_url=pg_url)
             _, dispatcher, local_streams = local_runner(apps.app, store, local_url, settings)
             try:
-                yield DurableHarness(Client(store, apps.app, settings, dispatcher), local_streams)
+                made = DurableHarness(Client(store, apps.app, settings, dispatcher), local_streams)
+                made.local = dispatcher
+                yield made
             finally:
                 dispatcher.close()
                 local_streams.client.close()

@@ -39,8 +39,12 @@ def counts(harness: Harness) -> tuple[int, int, int]:
 
 def passed_over(request: pytest.FixtureRequest, harness: Harness, waiting_on: str) -> None:
     """A worker has had its chance at a queued run: its pass held it (Celery's line for
-    the task says so). The inline runner holds it in `start` itself."""
+    the task says so; durable-local's passes have all ended). The inline runner holds it
+    in `start` itself."""
     if not isinstance(harness, DurableHarness):
+        return
+    if harness.local is not None:  # in this process: every pass sent so far has ended
+        eventually(harness.local.idle, what=f"the passes to hold the run ({waiting_on})")
         return
     pool = request.node.callspec.params["harness"].partition("-")[2] or TEST_POOLS[0]
     worker: Process = request.getfixturevalue("shared_workers")(pool)

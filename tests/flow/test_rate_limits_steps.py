@@ -164,12 +164,15 @@ def test_a_429_pauses_the_key_for_the_next_steps(durable: tuple[DurableRunner, S
 @pytest.fixture
 def inline(tmp_path: Path) -> Iterator[tuple[InlineRunner, Timed]]:
     """The inline runner on SQLite with no Redis: the limits apply in this process. Two
-    requests a second for `openai:*` (a bucket of two)."""
-    model = Timed(_name(), refuse={5: 1.5})  # the fifth call: 429, Retry-After 1.5
+    requests a second (a bucket of two) for the test's own model: the process's buckets
+    are shared by every runner in it, so a key of the test's own (not `openai:*`, which
+    another test of this process may have drained) starts full."""
+    name = _name()
+    model = Timed(name, refuse={5: 1.5})  # the fifth call: 429, Retry-After 1.5
     app = AgentApp()
     app.agent("limited", model=model)
     store = Store.from_url(f"sqlite:///{tmp_path / 'inline.db'}")
-    limits = {"openai:*": {"requests_per_minute": 120}}
+    limits = {name: {"requests_per_minute": 120}}
     settings = Settings(rate_limits=limits, model_retry_base_delay=0.01)
     runner = InlineRunner(app, store, settings=settings, poll_interval=0.05)
     assert runner.limits is not None

@@ -10,6 +10,7 @@ from agent_jobs.client import Client
 from agent_jobs.streams.base import Frame
 from agent_jobs.streams.redis_streams import RedisStreams
 
+from .local_worker import LocalDispatcher
 from .waiting import TIMEOUT, eventually, wait_finished
 
 
@@ -115,6 +116,9 @@ class InlineHarness(Harness):
 
 class DurableHarness(Harness):
     kind = "durable"
+    # The durable-local harness's in-process dispatcher (tests/support/local_worker.py);
+    # None on real workers.
+    local: LocalDispatcher | None = None
 
     def __init__(self, client: Client, streams: RedisStreams) -> None:
         self.client = client

@@ -49,6 +49,7 @@ class LocalDispatcher:
         self._timers: set[threading.Timer] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._busy = 0  # tasks submitted and not yet ended
 
     # --- the Dispatcher protocol --------------------------------------------------------
 
@@ -119,11 +120,21 @@ class LocalDispatcher:
             except BaseException as exc:  # a task that raised: the test fails for it
                 log.exception("durable-local: a task raised")
                 self.errors.append(exc)
+            finally:
+                with self._lock:
+                    self._busy -= 1
 
         with self._lock:
             if self._closed:
                 return
+            self._busy += 1
             self.pool.submit(run)
+
+    def idle(self) -> bool:
+        """No task is waiting for a thread or running (one due later may be waiting for
+        its moment): every pass sent so far has ended, as a worker's log would say."""
+        with self._lock:
+            return self._busy == 0
 
     def close(self) -> None:
         with self._lock:
