@@ -32,6 +32,9 @@ def pg_url() -> Iterator[str]:
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     engine = make_engine(url)
     upgrade(engine)
+    from tests.support.apps.base import create_side_table
+
+    create_side_table(engine)  # before any worker races to
     engine.dispose()
     yield url
     with admin.connect() as conn:

@@ -26,6 +26,7 @@ from sqlalchemy import (
     insert,
     select,
 )
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from agent_jobs import AgentApp, ScriptedModel
 from agent_jobs.messages import ModelRequest, ModelResponse
@@ -51,10 +52,23 @@ def side_engine() -> Engine:
     url = os.environ["AGENT_JOBS_DATABASE_URL"]
     with _lock:
         if url not in _engines:
-            engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-            side.create_all(engine, checkfirst=True)
+            # One idle connection a process: three test sessions' workers share Postgres's
+            # 100 connections.
+            engine = create_engine(
+                url.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
+            )
+            create_side_table(engine)
             _engines[url] = engine
         return _engines[url]
+
+
+def create_side_table(engine: Engine) -> None:
+    """The side table, if it is not there. Worker processes starting together on a new
+    database race to create it: the loser's CREATE fails, and the table is there."""
+    try:
+        side.create_all(engine, checkfirst=True)
+    except (ProgrammingError, IntegrityError):
+        side.create_all(engine, checkfirst=True)  # raises again if it is really missing
 
 
 def record(run_id: str, what: str, key: str) -> None:
