@@ -267,20 +267,21 @@ def test_a_redelivered_task_sends_the_steps_a_dead_process_held(local: Any) -> N
 def test_a_threads_worker_keeps_a_database_connection_for_each_task_it_runs_at_once(
     cluster: Cluster,
 ) -> None:
-    big = cluster.worker(concurrency=150, pool="threads")
+    # The pools as a user's worker sizes them: not the tests' one idle connection.
+    big = cluster.worker(concurrency=150, pool="threads", AGENT_JOBS_DB_POOL_SIZE="")
     assert cluster.wait(cluster.client.enqueue_run("w1", "go", actor="user-7")).status == (
         "completed"
     )
     # And Redis connections: redis-py 8 allows 100 by default, fewer than its tasks.
     assert "166 Redis connections" in big.log(), big.log()
     big.stop()
-    threads = cluster.worker(concurrency=12, pool="threads")
+    threads = cluster.worker(concurrency=12, pool="threads", AGENT_JOBS_DB_POOL_SIZE="")
     ids = [cluster.client.enqueue_run("w1", "go", actor="user-7") for _ in range(12)]
     for run_id in ids:
         run = cluster.wait(run_id)
         assert run.status == "completed" and run.output == "w1 answer"
     assert "up to 14 database connections" in threads.log(), threads.log()
-    prefork = cluster.worker(concurrency=1, pool="prefork")
+    prefork = cluster.worker(concurrency=1, pool="prefork", AGENT_JOBS_DB_POOL_SIZE="")
     assert cluster.wait(cluster.client.enqueue_run("w1", "go", actor="user-7")).status == (
         "completed"
     )

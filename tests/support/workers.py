@@ -28,7 +28,8 @@ def service_env(broker_url: str, database_url: str, **extra: str) -> dict[str, s
         AGENT_JOBS_DB_POOL_SIZE="1",
     )
     env.update(extra)
-    return env
+    # An empty value unsets a setting: the worker then sizes it as a user's would.
+    return {k: v for k, v in env.items() if v or not k.startswith("AGENT_JOBS_")}
 
 
 class Process:

@@ -27,11 +27,13 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.exc import IntegrityError, ProgrammingError
+from sqlalchemy.pool import NullPool
 
 from agent_jobs import AgentApp, ScriptedModel
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
 from agent_jobs.tools import ToolContext
+from tests.support.waiting import eventually
 
 side = MetaData()
 executions = Table(
@@ -52,10 +54,10 @@ def side_engine() -> Engine:
     url = os.environ["AGENT_JOBS_DATABASE_URL"]
     with _lock:
         if url not in _engines:
-            # One idle connection a process: three test sessions' workers share Postgres's
-            # 100 connections.
+            # No idle connection: every worker process of three test sessions has one,
+            # and together they would hold half of Postgres's 100 for counting alone.
             engine = create_engine(
-                url.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=1
+                url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool
             )
             create_side_table(engine)
             _engines[url] = engine
@@ -146,11 +148,10 @@ def together(n: int, of: int, ctx: ToolContext) -> int:
     """A read that waits until `of` reads of its run have started: it ends only if they
     all ran at once (one after another, the first would wait for good)."""
     record(ctx.run_id, "together:start", ctx.idempotency_key)
-    deadline = time.monotonic() + 60  # a guard against a hang, far above a slow machine
-    while counted(ctx.run_id, "together:start") < of:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{of} reads of {ctx.run_id} never ran at once")
-        time.sleep(0.02)
+    eventually(
+        lambda: counted(ctx.run_id, "together:start") >= of,
+        what=f"{of} reads of {ctx.run_id} to run at once",
+    )
     record(ctx.run_id, "together", ctx.idempotency_key)
     return n * 10
 
@@ -160,11 +161,7 @@ def until_opened(ctx: ToolContext) -> str:
     """A read that runs until the test opens its run's gate (`open_gate`): the test, not
     the clock, says when it returns."""
     record(ctx.run_id, "until_opened:start", ctx.idempotency_key)
-    deadline = time.monotonic() + 60  # a guard against a hang, far above a slow machine
-    while not counted(ctx.run_id, "gate:open"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never opened the gate of {ctx.run_id}")
-        time.sleep(0.02)
+    wait_for_gate_of(ctx.run_id)
     record(ctx.run_id, "until_opened", ctx.idempotency_key)
     return "opened"
 
@@ -284,13 +281,8 @@ class HeldTextModel(CountingModel):
 
 
 def wait_for_gate_of(run_id: str) -> None:
-    """Return once the test opened the run's gate; a guard against a hang, far above a
-    slow machine, raises."""
-    deadline = time.monotonic() + 120
-    while not counted(run_id, "gate:open"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never opened the gate of {run_id}")
-        time.sleep(0.02)
+    """Return once the test opened the run's gate (`open_gate`)."""
+    eventually(lambda: counted(run_id, "gate:open"), what=f"the test to open {run_id}'s gate")
 
 
 # Words the test lets out one at a time: the first, then the rest once the gate opens.

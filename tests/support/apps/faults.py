@@ -155,11 +155,7 @@ def wait_for_gate(ctx: ToolContext) -> str:
     """A read that waits until the test creates `$TEST_GATE_DIR/<run_id>`."""
     record(ctx.run_id, "wait_for_gate:start", ctx.idempotency_key)
     path = os.path.join(os.environ["TEST_GATE_DIR"], ctx.run_id)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never opened {path}")
-        time.sleep(0.02)
+    eventually(lambda: os.path.exists(path), what=f"the test to open {path}")
     record(ctx.run_id, "wait_for_gate", ctx.idempotency_key)
     return "opened"
 

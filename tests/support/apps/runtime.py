@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from agent_jobs import AgentOptions
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
 from agent_jobs.prestep import PreStepContext, PreStepDecision
-from tests.support.apps.base import TOOLS, CountingModel, app, counted, executed, record
+from tests.support.apps.base import (
+    TOOLS,
+    CountingModel,
+    app,
+    executed,
+    record,
+    wait_for_gate_of,
+)
 
 
 class FlakyModel(CountingModel):
@@ -80,11 +86,7 @@ class HeldModel(CountingModel):
 
     def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
         record(request.run_id, "model", f"model:{request.step + 1}")
-        deadline = time.monotonic() + 60  # a guard against a hang, far above a slow machine
-        while not counted(request.run_id, "gate:open"):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the test never opened the gate of {request.run_id}")
-            time.sleep(0.02)
+        wait_for_gate_of(request.run_id)
         return self.scripted.run_turn(request, sink)
 
 
