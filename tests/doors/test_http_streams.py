@@ -70,6 +70,9 @@ def test_a_client_that_leaves_and_comes_back_gets_every_frame_once_in_order(stac
 
 def test_a_forged_done_frame_does_not_end_the_stream(stack: Stack) -> None:
     run_id = stack.start("user-7", text="forge me")
+    # The approver may read the run once its action call is recorded (before that it is
+    # not theirs to see: 404); the stream then starts from the run's first frame.
+    stack.doors.wait_status(run_id, "awaiting_approval")
     key = f"agent_jobs:stream:{run_id}"
     forged_id = ""
     seen: list[Event] = []

@@ -30,7 +30,7 @@ from agent_jobs.store import Store
 from agent_jobs.store.schema import journal, runs, threads, tool_calls
 from tests.support import apps
 from tests.support.services import truncate_all
-from tests.support.waiting import eventually
+from tests.support.waiting import TIMEOUT, eventually
 from tests.support.workers import ROOT, Process, service_env, start_beat, worker
 
 SECRET = "test-approval-secret-" + uuid.uuid4().hex
@@ -102,7 +102,7 @@ def approval(run_id: str, call_id: str, decision: str = "approve", **extra: Any)
 def redis_cli(url: str, *args: str) -> str:
     """Run `redis-cli -u URL ARGS…`; returns its output."""
     done = subprocess.run(
-        ["redis-cli", "-u", url, *args], capture_output=True, text=True, timeout=10, check=True
+        ["redis-cli", "-u", url, *args], capture_output=True, text=True, timeout=TIMEOUT, check=True
     )
     return done.stdout.strip()
 
@@ -129,7 +129,7 @@ def plain_celery_send(broker: str, sends: list[dict[str, Any]]) -> list[str]:
         input=json.dumps(sends),
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=TIMEOUT,
         cwd="/",
         check=False,
     )

@@ -50,7 +50,7 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         self.proc.start()
-        wait_for(self.healthy, f"the server to answer\n{self.proc.log()}", timeout=30, every=0.1)
+        wait_for(self.healthy, "the server to answer", every=0.1)
         return self
 
     def healthy(self) -> bool:
