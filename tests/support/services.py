@@ -7,6 +7,7 @@ import os
 import uuid
 
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from agent_jobs.store import Store
 
@@ -23,13 +24,21 @@ def truncate_all(store: Store) -> None:
     """Empty every table so a test starts from a clean database."""
     from agent_jobs.store.schema import metadata
 
+    if store.engine.dialect.name == "postgresql":
+        names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+        # A shared worker may still be finishing the last test's run: its transaction and
+        # the TRUNCATE can deadlock, and Postgres then cancels one. Ours is tried again.
+        for attempt in range(5):
+            try:
+                with store.begin() as conn:
+                    conn.execute(text(f"TRUNCATE {names}"))
+                return
+            except OperationalError as exc:
+                if "deadlock detected" not in str(exc) or attempt == 4:
+                    raise
     with store.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
-            conn.execute(text(f"TRUNCATE {names}"))
-        else:
-            for table in reversed(metadata.sorted_tables):
-                conn.execute(table.delete())
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
 
 
 def wait_for_a_lock(store: Store, pid: int | None = None) -> None:
