@@ -23,6 +23,8 @@ from agent_jobs.errors import Deferred, ModelError
 from agent_jobs.leases import Leases
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
+from agent_jobs.ratelimits.buckets import LocalBuckets, Verdict
+from agent_jobs.ratelimits.rules import Rule
 from agent_jobs.runners.durable import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
@@ -41,14 +43,53 @@ class Timed(ScriptedModel):
         self.calls: list[float] = []
         self.refuse = refuse or {}
         self.lock = threading.Lock()
+        self.granted: Granted | None = None
 
     def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
         with self.lock:
             self.calls.append(time.monotonic())
             number = len(self.calls)
+            if self.granted is not None:
+                self.granted.called(self.calls[-1])
         if number in self.refuse:
             raise ModelError("HTTP 429", kind="rate_limit", retry_after=self.refuse[number])
         return super().run_turn(request, sink)
+
+
+class Granted(LocalBuckets):
+    """The process's buckets, noting by their own clock the place each call was given
+    (the moment the limiter let it go, or promised it) and when a 429 paused the key: the
+    limit is judged by these, not by when a busy machine's thread came round to a call."""
+
+    def __init__(self) -> None:
+        self.now = threading.local()  # the limiter's own reading, on each thread
+        self.mine = threading.local()  # the place of the call this thread makes next
+        super().__init__(clock=self._read)
+        self.promised: dict[str, tuple[float, float]] = {}  # owner: (asked, place to come for)
+        self.places: list[tuple[float, float]] = []  # (asked, place) of each call let go
+        self.pauses: list[float] = []
+        self.calls: list[tuple[float, float]] = []  # (place, called) of each call made
+
+    def _read(self) -> float:
+        self.now.value = time.monotonic()
+        return float(self.now.value)
+
+    def take(self, rule: Rule, tokens: int, owner: str) -> Verdict:
+        verdict = super().take(rule, tokens, owner)
+        now = self.now.value
+        if verdict.wait > 0:
+            self.promised[owner] = (now, now + verdict.wait)
+        else:
+            asked, self.mine.place = self.promised.pop(owner, (now, now))
+            self.places.append((asked, self.mine.place))
+        return verdict
+
+    def pause(self, rule: Rule, seconds: float) -> None:
+        super().pause(rule, seconds)
+        self.pauses.append(self.now.value)
+
+    def called(self, at: float) -> None:
+        self.calls.append((self.mine.place, at))
 
 
 class Sent:
@@ -176,6 +217,7 @@ def inline(tmp_path: Path) -> Iterator[tuple[InlineRunner, Timed]]:
     settings = Settings(rate_limits=limits, model_retry_base_delay=0.01)
     runner = InlineRunner(app, store, settings=settings, poll_interval=0.05)
     assert runner.limits is not None
+    runner.limits.buckets = model.granted = Granted()
     try:
         yield runner, model
     finally:
@@ -200,23 +242,42 @@ def test_the_inline_runner_waits_on_its_own_thread_and_a_429_pauses_every_run(
     # (at once: two runs went with no wait for capacity, by the limiter's own word)
     waited = {r.getMessage().split(":model:")[0] for r in caplog.records if "waits" in r.msg}
     assert len(set(run_ids) - waited) >= 2, waited
-    assert paced(calls[1:5])
-    # ...then the fifth call was refused, Retry-After 1.5: nothing for a second and a half
-    # (the places given out before the pause still hold theirs: the next may come up to
-    # one place later), then one every half second again (the bucket restarts empty).
-    refused = calls[4]
-    assert 1.5 <= calls[5] - refused < 2.1
-    assert paced(calls[5:])
+    # ...by the limiter's own clock: no call went before its place...
+    granted = model.granted
+    assert granted is not None and len(granted.calls) == 9
+    assert all(called >= place for place, called in granted.calls), granted.calls
+    # ...and the places: two at once, then one every half second; the fifth call was
+    # refused, Retry-After 1.5: nothing for a second and a half (the places given out
+    # before the pause still hold theirs: the next may come up to one place later), then
+    # one every half second again (the bucket restarts empty).
+    [pause] = granted.pauses
+    places = sorted(granted.places, key=lambda asked_place: asked_place[1])
+    before = [p for p in places if p[1] <= pause]
+    after = [p for p in places if p[1] > pause]
+    assert (len(before), len(after)) == (5, 4), places
+    assert paced(before, burst=2)
+    assert pause + 1.5 <= after[0][1] <= max(after[0][0], pause + 1.5 + 0.5) + SLACK, after
+    assert paced(after, burst=1)
 
 
-def paced(calls: Sequence[float], every: float = 0.5) -> bool:
-    """One call every `every` seconds, each of them at most a little late for its place:
-    never more than the limit over any span, and no place lost."""
-    return all(
-        (j - i) * every - 0.15 <= calls[j] - calls[i] <= (j - i) * every + 0.3
-        for i in range(len(calls))
-        for j in range(i + 1, len(calls))
+SLACK = 0.002  # the limiter's rounding: it counts in whole milliseconds
+
+
+def paced(places: Sequence[tuple[float, float]], burst: int, every: float = 0.5) -> bool:
+    """(asked, place) in order: never more than the limit over any span (`burst` at once,
+    then one every `every` seconds), and no place lost (each call's place is when it
+    asked for the place it got, or one interval after the one before it)."""
+    never_more = all(
+        places[j][1] - places[i][1] >= (j - i - burst + 1) * every - SLACK
+        for i in range(len(places))
+        for j in range(i + 1, len(places))
     )
+    none_lost = all(
+        place <= max(asked, places[k - 1][1] + every) + SLACK
+        for k, (asked, place) in enumerate(places)
+        if k > 0
+    )
+    return never_more and none_lost
 
 
 def test_a_cancel_stops_an_inline_run_waiting_for_capacity(
