@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,27 +38,15 @@ def stack(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory)
 
 
 def counts(store: Store) -> tuple[int, int, int]:
-    """Runs, threads and events: what a refused start must leave as it was."""
+    """Runs, threads and events: what a refused start must leave as it was. A runner
+    writes a pass's journal rows, events and the run's status in one transaction, so
+    once a run is seen parked (or cancelled) its writes are all in: no need to wait for
+    the counts to settle."""
     with store.connect() as conn:
         return tuple(  # type: ignore[return-value]
             conn.execute(select(func.count()).select_from(table)).scalar_one()
             for table in (runs, threads, events)
         )
-
-
-def settled(store: Store) -> tuple[int, int, int]:
-    """`counts` once two looks a moment apart agree (a parked run's last writes are in)."""
-    last: list[tuple[int, int, int]] = [counts(store)]
-
-    def still() -> bool:
-        time.sleep(0.1)
-        now = counts(store)
-        same = now == last[0]
-        last[0] = now
-        return same
-
-    wait_for(still, "the database to settle", every=0)
-    return last[0]
 
 
 def snapshot(stack: Stack, run_id: str) -> dict[str, Any]:
@@ -121,7 +108,7 @@ def test_reject_on_a_busy_thread_is_409_naming_the_busy_run_and_records_nothing(
     stack: Stack,
 ) -> None:
     first, thread, call_id = parked(stack)
-    before, busy = settled(stack.doors.store), snapshot(stack, first)
+    before, busy = counts(stack.doors.store), snapshot(stack, first)
 
     for actor in ("user-7", "backend"):
         body = chat(thread, run_id=f"busy-reject-{actor}", if_busy="reject")
@@ -178,7 +165,7 @@ def test_interrupt_by_the_runs_actor_or_a_service_cancels_it_and_runs_next(
 
 def test_interrupt_by_another_actor_is_refused_and_changes_nothing(stack: Stack) -> None:
     first, thread, call_id = parked(stack)
-    before, busy = settled(stack.doors.store), snapshot(stack, first)
+    before, busy = counts(stack.doors.store), snapshot(stack, first)
 
     # The thread is user-7's conversation: alice (who may decide the refund, so reads the
     # run), bob (support) and eve (no role) may not continue it, so not interrupt it
@@ -220,10 +207,10 @@ def test_another_actors_thread_is_not_the_callers_to_continue_nor_to_learn_of(st
     finally:
         cancel(stack, busy)
     # Nor may he continue it once it is idle; a service may.
-    before = settled(stack.doors.store)
+    before = counts(stack.doors.store)
     body = chat(thread, run_id="not-bobs")
     assert_error(stack.call("bob", "POST", "/v1/runs", json=body), 404, "UnknownThreadError")
-    assert settled(stack.doors.store) == before
+    assert counts(stack.doors.store) == before
     assert stack.doors.store.find_run("not-bobs") is None
     started = stack.call("backend", "POST", "/v1/runs", json=chat(thread, actor="user-7"))
     assert started.status_code == 201, started.text
@@ -232,7 +219,7 @@ def test_another_actors_thread_is_not_the_callers_to_continue_nor_to_learn_of(st
 @pytest.mark.parametrize("value", ["later", "", "REJECT", 1, ["reject"]])
 def test_a_bad_if_busy_is_422_and_records_nothing(stack: Stack, value: Any) -> None:
     first, thread, _ = parked(stack)
-    before, busy = settled(stack.doors.store), snapshot(stack, first)
+    before, busy = counts(stack.doors.store), snapshot(stack, first)
     body = chat(thread, run_id="busy-bad", if_busy=value)
     message = assert_error(stack.call("user-7", "POST", "/v1/runs", json=body), 422)
     assert "if_busy" in message
@@ -279,7 +266,7 @@ def test_enqueue_if_busy_reject_on_the_command_line_exits_2_and_records_nothing(
     stack: Stack,
 ) -> None:
     first, thread, _ = parked(stack)
-    before, busy = settled(stack.doors.store), snapshot(stack, first)
+    before, busy = counts(stack.doors.store), snapshot(stack, first)
     args = ["enqueue", "and then?", "--agent", "chat", "--actor", "user-7", "--thread", thread]
 
     refused = cli(*args, "--run-id", "cli-busy-1", "--if-busy", "reject", env=stack.doors.env)
@@ -337,7 +324,7 @@ def test_the_inline_server_rejects_and_interrupts_as_the_durable_one_does(
     first = api.start("user-7", text="refund it")
     wait_for(lambda: status_of(first) == "awaiting_approval", f"{first} to park")
     thread = store.get_run(first).thread_id
-    before = settled(store)
+    before = counts(store)
 
     body = chat(thread, run_id="inline-busy-1", if_busy="reject")
     message = assert_error(api.call("user-7", "POST", "/v1/runs", json=body), 409, "ConflictError")
