@@ -27,7 +27,7 @@ from tests.support.apps import controls as controls_apps
 from tests.support.apps import executed
 from tests.support.cluster import Cluster
 from tests.support.services import SESSION_QUEUE
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, wait_status
 from tests.support.workers import Process
 
 APP = "tests.support.apps.controls:app"
@@ -59,13 +59,7 @@ class Controls:
         return eventually(check, what=what, context=self.logs)
 
     def wait_status(self, run_id: str, status: str) -> RunView:
-        def reached() -> RunView | None:
-            run = self.store.get_run(run_id)
-            assert run.status == status or not run.finished, f"{run_id} {run.status}: {run.error}"
-            return run if run.status == status else None
-
-        found: RunView = self.wait_for(reached, f"{run_id} to be {status}")
-        return found
+        return wait_status(self.store, run_id, status, strict=True, context=self.logs)
 
     def steps(self, run_id: str) -> dict[str, dict[str, Any]]:
         return {row["step"]: row for row in self.store.journal(run_id)}

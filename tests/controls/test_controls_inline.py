@@ -20,7 +20,7 @@ from agent_jobs.store import RunView, Store
 from tests.support.apps import controls as controls_apps
 from tests.support.apps import executed
 from tests.support.services import truncate_all
-from tests.support.waiting import TIMEOUT, eventually
+from tests.support.waiting import TIMEOUT, eventually, wait_status
 
 
 class Inline:
@@ -37,13 +37,7 @@ class Inline:
         return eventually(check, what=what)
 
     def wait_status(self, run_id: str, status: str) -> RunView:
-        def reached() -> RunView | None:
-            run = self.store.get_run(run_id)
-            assert run.status == status or not run.finished, f"{run.status}: {run.error}"
-            return run if run.status == status else None
-
-        found: RunView = self.wait_for(reached, f"{run_id} to be {status}")
-        return found
+        return wait_status(self.store, run_id, status, strict=True)
 
     def controls(self, run_id: str) -> list[tuple[str, str]]:
         doc = run_document(self.store, self.store.get_run(run_id))

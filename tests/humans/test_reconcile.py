@@ -20,12 +20,13 @@ from agent_jobs.client import Client
 from agent_jobs.dispatch import CeleryDispatcher
 from agent_jobs.leases import Holder, Leases
 from agent_jobs.settings import Settings
+from agent_jobs.store import RunView
 from tests.support.apps import executed
 from tests.support.apps import reconcile as reconcile_apps
 from tests.support.cluster import Cluster
 from tests.support.doors import cli
 from tests.support.services import SESSION_QUEUE
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, wait_status
 from tests.support.workers import Process
 
 APP = "tests.support.apps.reconcile:app"
@@ -89,17 +90,12 @@ class Outcomes:
             context=self.logs,
         )
 
-    def wait_status(self, run_id: str, status: str) -> None:
-        def reached() -> bool:
-            run = self.client.get_run(run_id)
-            assert run.status == status or not run.finished, (
-                f"{run_id} ended {run.status}: {run.error}"
-            )
-            return run.status == status
-
-        eventually(
-            reached,
-            what=f"{run_id} to be {status}",
+    def wait_status(self, run_id: str, status: str) -> RunView:
+        return wait_status(
+            self.cluster.store,
+            run_id,
+            status,
+            strict=True,
             context=lambda: f"{self.cluster.store.journal(run_id)}\n{self.logs()}",
         )
 

@@ -24,7 +24,7 @@ from agent_jobs.dispatch import COORDINATE, CeleryDispatcher, celery_client
 from agent_jobs.messages import args_sha256
 from agent_jobs.notify.sender import stop_sender
 from agent_jobs.settings import Settings
-from agent_jobs.store import Store
+from agent_jobs.store import RunView, Store
 from agent_jobs.store.schema import outbox
 from tests.operations.test_notifications import (
     SECRET,
@@ -38,7 +38,7 @@ from tests.operations.test_notifications import (
 from tests.support import apps
 from tests.support.redis_server import RedisServer
 from tests.support.services import truncate_all
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, wait_status
 from tests.support.workers import ROOT, TEST_POOLS, Process, service_env, start_worker
 
 BROKER_DB = 1  # the durable runs' broker, and the Redis their workers append events to
@@ -73,12 +73,8 @@ class Driven:
     def redrive(self, run_id: str) -> None:
         """Drive the run again where it stands (what a sweep or a stray wake-up does)."""
 
-    def wait_status(self, run_id: str, status: str) -> None:
-        eventually(
-            lambda: self.store.get_run(run_id).status == status,
-            what=f"{run_id} to be {status}",
-            context=lambda: self.store.get_run(run_id).status,
-        )
+    def wait_status(self, run_id: str, status: str) -> RunView:
+        return wait_status(self.store, run_id, status)
 
     def redriven(self) -> bool:
         """Every re-drive the test asked for has been done."""

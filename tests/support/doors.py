@@ -26,11 +26,11 @@ from sqlalchemy import select
 from agent_jobs.client import Client
 from agent_jobs.dispatch import CeleryDispatcher, celery_client
 from agent_jobs.settings import Settings
-from agent_jobs.store import Store
+from agent_jobs.store import RunView, Store
 from agent_jobs.store.schema import journal, runs, threads, tool_calls
 from tests.support import apps
 from tests.support.services import truncate_all
-from tests.support.waiting import TIMEOUT, eventually
+from tests.support.waiting import TIMEOUT, eventually, wait_status
 from tests.support.workers import ROOT, Process, service_env, start_beat, worker
 
 SECRET = "test-approval-secret-" + uuid.uuid4().hex
@@ -208,15 +208,10 @@ class Doors:
         entry = self.redis.xadd(self.channel, {field: data})
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
-    def wait_status(self, run_id: str, status: str, timeout: float | None = None) -> None:
-        def reached() -> bool:
-            run = self.store.find_run(run_id)
-            assert run is None or not run.finished or run.status == status, (
-                f"{run_id} ended {run.status}: {run.error}\n{self.logs()}"
-            )
-            return run is not None and run.status == status
-
-        eventually(reached, timeout, what=f"{run_id} to be {status}", context=self.logs)
+    def wait_status(self, run_id: str, status: str, timeout: float | None = None) -> RunView:
+        return wait_status(
+            self.store, run_id, status, timeout=timeout, strict=True, context=self.logs
+        )
 
     def parked(self, agent: str = "gated") -> tuple[str, str]:
         """A run waiting for a decision on its one action call: (run id, call id)."""

@@ -11,7 +11,7 @@ from agent_jobs.streams.base import Frame
 from agent_jobs.streams.redis_streams import RedisStreams
 
 from .local_worker import LocalDispatcher
-from .waiting import TIMEOUT, eventually, wait_finished
+from .waiting import TIMEOUT, eventually, wait_finished, wait_status
 
 
 class Harness:
@@ -58,14 +58,7 @@ class Harness:
         return wait_finished(self.store, run_id, timeout)
 
     def wait_status(self, run_id: str, status: str, timeout: float | None = None) -> RunView:
-        def seen() -> RunView | None:
-            run = self.store.get_run(run_id)
-            assert not run.finished or run.status == status, (
-                f"run {run_id} ended {run.status}: {run.error}"
-            )
-            return run if run.status == status else None
-
-        return eventually(seen, timeout, what=f"run {run_id} to be {status}")
+        return wait_status(self.store, run_id, status, timeout=timeout, strict=True)
 
     def run_approving(
         self, agent: str, text: str, decision: Literal["approve", "reject"] = "approve", **kw: Any

@@ -54,19 +54,36 @@ def eventually(
         time.sleep(every)
 
 
-def wait_status(store: Store, run_id: str, *statuses: str, timeout: float | None = None) -> RunView:
-    """The run once its status is one of `statuses`."""
+def wait_status(
+    store: Store,
+    run_id: str,
+    *statuses: str,
+    timeout: float | None = None,
+    strict: bool = False,
+    context: Callable[[], object] | None = None,
+) -> RunView:
+    """The run once its status is one of `statuses` (a run not there yet is waited for).
+
+    `strict`: a run that ends with another status fails the wait at once, with its error,
+    instead of at the timeout (nothing in the run would start it again). `context`: what
+    a failure shows besides the run's status (the processes' logs, say)."""
 
     def seen() -> RunView | None:
         view = store.find_run(run_id)
-        return view if view is not None and view.status in statuses else None
+        if view is None:
+            return None
+        assert not (strict and view.finished and view.status not in statuses), (
+            f"run {run_id} ended {view.status}: {view.error}"
+            + (f"\n{context()}" if context is not None else "")
+        )
+        return view if view.status in statuses else None
+
+    def last() -> object:
+        status = getattr(store.find_run(run_id), "status", "no such run")
+        return status if context is None else f"{status}\n{context()}"
 
     return eventually(
-        seen,
-        timeout,
-        what=f"run {run_id} to be {' or '.join(statuses)}",
-        every=0.05,
-        context=lambda: getattr(store.find_run(run_id), "status", "no such run"),
+        seen, timeout, what=f"run {run_id} to be {' or '.join(statuses)}", context=last
     )
 
 
