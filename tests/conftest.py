@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, text
 
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
-from tests.support import distribution, layers, reproduce
+from tests.support import distribution, layers, leaks, reproduce
 from tests.support.redis_server import RedisServer
 from tests.support.services import PG_ADMIN_URL, SESSION_QUEUE, truncate_all
 from tests.support.workers import TEST_POOLS, use_pool
@@ -222,6 +222,7 @@ def worker_pool(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     layers.install()
+    leaks.install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

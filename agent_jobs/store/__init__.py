@@ -82,9 +82,13 @@ class Store:
         `password`: the server's, apart from the URL (by default
         `AGENT_JOBS_DATABASE_PASSWORD`; see `make_engine`)."""
         engine = make_engine(url, pool_size=pool_size, password=password)
-        ensure_schema(
-            engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade
-        )
+        try:
+            ensure_schema(
+                engine, auto_upgrade=is_sqlite(engine) if auto_upgrade is None else auto_upgrade
+            )
+        except BaseException:
+            engine.dispose()  # a refused store keeps no connection open
+            raise
         return cls(engine)
 
     def upgrade(self) -> None:
