@@ -1,7 +1,9 @@
 """The suite's layers, as pytest markers a developer selects with `-m`.
 
-    unit      no services at all: the loop, the journal replays, SQLite, the CLI on the
-              embedded default, local fake providers
+    unit      nothing but this process: the loop, the journal replays, SQLite, local
+              fake providers; seconds
+    processes no services, but processes of this project: the CLI on the embedded
+              default as a user runs it, a fresh interpreter's imports, compose's commands
     services  Postgres and Redis in this process (a Redis server of the session's own),
               no worker subprocess: the inline runner on Postgres, the store, the
               listener's parsing, the durable runner driven in-process (`durable-local`)
@@ -12,9 +14,9 @@
 Each test gets exactly one. An explicit mark on the test wins; else its module's entry in
 MODULES below; else the fixtures it uses say (a durable `harness` → workers, `pg_url` →
 services, …); else it is a unit test. The layers are checked while the tests run: a test
-that reaches past its layer (a unit test that connects to Postgres, a services test that
-starts a worker) fails and says what it reached for, so `-m unit` and
-`-m "unit or services"` stay true to their names.
+that reaches past its layer (a unit test that starts a process, a processes test that
+connects to Postgres, a services test that starts a worker) fails and says what it reached
+for, so `-m unit` and `-m "unit or processes or services"` stay true to their names.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from typing import Any
 
 import pytest
 
-LAYERS = ("unit", "services", "workers", "crash", "browser")
-_RANK = {"unit": 0, "services": 1, "workers": 2, "crash": 3, "browser": 3}
+LAYERS = ("unit", "processes", "services", "workers", "crash", "browser")
+_RANK = {"unit": 0, "processes": 1, "services": 2, "workers": 3, "crash": 4, "browser": 4}
 
 # Modules (or single tests, `path::name`) whose tests need more than their fixtures show:
 # they start processes through the support code (Doors, Cluster, the CLI against a
@@ -78,6 +80,22 @@ MODULES: dict[str, str] = {
     "tests/operations/test_notifications.py::"
     "test_a_worker_with_a_webhook_but_no_secret_stops_at_start": "workers",
     "tests/runs/test_tools.py::test_a_worker_loads_the_app_from_its_working_directory": "workers",
+    # processes: the CLI on the embedded default, a fresh interpreter, compose's commands
+    "tests/doors/test_cli.py": "processes",
+    "tests/flow/test_cli_if_busy.py": "processes",
+    "tests/doors/test_cli_redraw.py::test_run_json_prints_the_finished_run_alone": "processes",
+    "tests/doors/test_cli_redraw.py::"
+    "test_run_on_a_terminal_erases_a_retried_model_steps_void_text": "processes",
+    "tests/doors/test_cli_redraw.py::"
+    "test_run_sets_a_retried_model_steps_void_text_apart": "processes",
+    "tests/operations/test_compose.py::"
+    "test_each_command_is_a_real_entry_point_of_this_project": "processes",
+    "tests/operations/test_compose.py::"
+    "test_each_long_running_service_has_a_health_check": "processes",
+    "tests/operations/test_prune.py::test_the_command_says_so_when_redis_is_down": "processes",
+    "tests/runs/test_face.py::test_only_loading_the_demo_imports_it": "processes",
+    "tests/runs/test_face.py::test_the_app_module_does_not_import_the_demo": "processes",
+    "tests/runs/test_tools.py::test_the_cli_loads_the_app_from_its_working_directory": "processes",
     # browser
     "tests/doors/test_inbox_page.py": "browser",
     "tests/operations/test_flower_page.py": "browser",
@@ -156,6 +174,7 @@ def _reach(needs: str, what: str) -> None:
 
 
 _CELERY_SERVICES = ("worker", "beat", "flower", "events")
+_OURS = ("agent_jobs", "agent-jobs", "celery", "tasks", "tests.")  # processes of the project
 _OUR_SERVICES = ("listen", "serve")
 
 
@@ -164,9 +183,9 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         argv = [str(a) for a in (args[1] or [])] if isinstance(args[1], list | tuple) else []
         line = " ".join(argv) or str(args[0])
         env = args[3] if len(args) > 3 and isinstance(args[3], dict) else {}
-        if "--help" in argv:
-            return
-        if "redis-server" in line:
+        if "--help" in argv:  # a service's command, asked how it is used: it serves nothing
+            _reach("processes", f"started {line[:80]!r}")
+        elif "redis-server" in line:
             _reach("services", f"started {line[:80]!r}")
         elif ("celery" in line and any(w in argv for w in _CELERY_SERVICES)) or (
             ("agent-jobs" in line or "agent_jobs.cli" in line)
@@ -179,6 +198,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             env.get("AGENT_JOBS_DATABASE_URL", "")
         ):
             _reach("services", f"started {line[:80]!r} against Postgres or a broker")
+        elif any(ours in line for ours in _OURS) and "ruff" not in argv:  # a tool is not one
+            _reach("processes", f"started {line[:80]!r}")
     elif event == "socket.connect":
         address = args[1]
         if isinstance(address, tuple) and len(address) >= 2 and address[1] in (5432, 6379):

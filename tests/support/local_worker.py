@@ -8,7 +8,7 @@ pool of threads here instead of sending it through the broker. What a task adapt
 backoff. What it leaves out is what only the real-worker layer can test: the broker,
 Celery's pools, process deaths and the sweep.
 
-It makes the middle loop (`-m "unit or services"`) cover the durable runner on every
+It makes the middle loop (`-m "unit or processes or services"`) cover the durable runner on every
 scenario of the `harness` fixture in seconds, without a worker subprocess.
 """
 
