@@ -14,7 +14,13 @@ from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 from tests.support import distribution, layers, leaks, reproduce
 from tests.support.redis_server import RedisServer
-from tests.support.services import PG_ADMIN_URL, SESSION_QUEUE, truncate_all
+from tests.support.services import (
+    PG_ADMIN_URL,
+    SESSION_QUEUE,
+    dispose,
+    finish_inline,
+    truncate_all,
+)
 from tests.support.workers import TEST_POOLS, use_pool
 
 
@@ -140,9 +146,11 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
     store = Store.from_url(pg_url)
     try:
         if kind == "inline":
-            yield InlineHarness(
-                InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
-            )
+            runner = InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
+            try:
+                yield InlineHarness(runner)
+            finally:
+                finish_inline(runner)
             return
         if kind == "durable-local":
             local_url = str(request.getfixturevalue("redis_url")).rsplit("/", 1)[0] + "/2"
@@ -171,7 +179,7 @@ def _harness(kind: str, request: pytest.FixtureRequest, pg_url: str) -> Iterator
             streams.client.close()
             celery.close()
     finally:
-        store.engine.dispose()
+        dispose(store)
 
 
 # The inline runner; the durable runner driven in this process ("durable-local", the

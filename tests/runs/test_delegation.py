@@ -88,13 +88,14 @@ def test_two_reads_of_one_turn_that_both_ask_wait_for_both_answers(harness: Harn
     days = iter(["Friday", "Monday"])
 
     def answer_both() -> bool:
+        # Looked at before answering: once both are answered the run may end at once.
+        run = harness.store.get_run(run_id)
+        assert not run.finished, f"{run.status}: {run.error}"
         for asked in harness.store.open_questions(run_id):
             if asked["request_id"] not in answered:
                 day = next(days)
                 assert harness.client.answer(run_id, asked["request_id"], {"q1": day}, actor="bob")
                 answered.add(asked["request_id"])
-        run = harness.store.get_run(run_id)
-        assert not run.finished, f"{run.status}: {run.error}"
         return len(answered) == 2
 
     eventually(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import suppress
 
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
+from agent_jobs import AgentJobsError, InlineRunner
 from agent_jobs.store import Store
 
 # A queue of this test session's own for the shared and crash-test workers: two pytest
@@ -39,6 +41,38 @@ def truncate_all(store: Store) -> None:
     with store.begin() as conn:
         for table in reversed(metadata.sorted_tables):
             conn.execute(table.delete())
+
+
+def finish_inline(runner: InlineRunner) -> None:
+    """Let the inline runs the test leaves end: a run still going is cancelled, and each
+    run's thread is waited for (it writes after the status a test waits for, and would go
+    on using the store after the test disposed it)."""
+    from tests.support.waiting import TIMEOUT
+
+    for run in runner.store.list_runs(limit=10_000):
+        if run.runner == "inline" and not run.finished:
+            with suppress(AgentJobsError):  # refused: it is ending anyway
+                runner.cancel(run.run_id)
+    for run in runner.store.list_runs(limit=10_000):
+        if run.runner == "inline":
+            runner.wait(run.run_id, timeout=TIMEOUT)
+
+
+def dispose(store: Store) -> None:
+    """Close the store's connections once every one is given back. A connection a thread
+    still held at `dispose()` would go back, open, to a pool nobody holds any more, and be
+    closed by the garbage collector at some later test's moment: a ResourceWarning that
+    fails that test (tests/support/leaks.py says where the connection was opened)."""
+    from tests.support.waiting import eventually
+
+    checked_out = getattr(store.engine.pool, "checkedout", None)
+    if checked_out is not None:
+        eventually(
+            lambda: checked_out() == 0,
+            what="every connection of the store to be given back",
+            context=store.engine.pool.status,
+        )
+    store.engine.dispose()
 
 
 def wait_for_a_lock(store: Store, pid: int | None = None) -> None:
