@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from agent_jobs.store import Store
-from agent_jobs.store.db import make_engine, upgrade
+from agent_jobs.store.db import make_engine
 from tests.support import distribution, layers, leaks, reproduce
 from tests.support.redis_server import RedisServer
 from tests.support.services import (
-    PG_ADMIN_URL,
     SESSION_QUEUE,
     dispose,
     finish_inline,
+    own_database,
     truncate_all,
 )
 from tests.support.workers import TEST_POOLS, use_pool
@@ -27,25 +25,13 @@ from tests.support.workers import TEST_POOLS, use_pool
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh Postgres database for this test session, migrated to the newest schema."""
-    name = f"agent_jobs_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # a missing service is a failure in CI, never a skip
-        admin.dispose()
-        pytest.fail(f"Postgres is required for the tests ({PG_ADMIN_URL}): {exc}")
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    engine = make_engine(url)
-    upgrade(engine)
     from tests.support.apps.base import create_side_table
 
-    create_side_table(engine)  # before any worker races to
-    engine.dispose()
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with own_database("agent_jobs_test") as url:
+        engine = make_engine(url)
+        create_side_table(engine)  # before any worker races to
+        engine.dispose()
+        yield url
 
 
 @pytest.fixture

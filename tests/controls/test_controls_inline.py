@@ -19,7 +19,7 @@ from agent_jobs.settings import Settings
 from agent_jobs.store import RunView, Store
 from tests.support.apps import controls as controls_apps
 from tests.support.apps import executed
-from tests.support.services import truncate_all
+from tests.support.services import dispose, finish_inline, truncate_all
 from tests.support.waiting import TIMEOUT, eventually, wait_status
 
 
@@ -50,8 +50,12 @@ def inline(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     monkeypatch.setenv("TEST_GATE_DIR", str(tmp_path))
     store = Store.from_url(pg_url)
     truncate_all(store)
-    yield Inline(store, tmp_path)
-    store.engine.dispose()
+    made = Inline(store, tmp_path)
+    try:
+        yield made
+    finally:
+        finish_inline(made.runner)
+        dispose(store)
 
 
 def ran(run_id: str) -> list[str]:

@@ -26,7 +26,7 @@ from agent_jobs.store.schema import runs
 from tests.support import apps
 from tests.support.apps import concurrency as concurrency_apps
 from tests.support.cluster import Cluster
-from tests.support.services import truncate_all
+from tests.support.services import dispose, finish_inline, truncate_all
 from tests.support.waiting import TIMEOUT, eventually, wait_status
 
 APP = {"AGENT_JOBS_APP": "tests.support.apps.concurrency:app"}
@@ -253,8 +253,12 @@ def inline(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[InlineRunne
     apps.side_engine()
     store = Store.from_url(pg_url)
     truncate_all(store)
-    yield InlineRunner(concurrency_apps.app, store, settings=Settings(), poll_interval=0.05)
-    store.engine.dispose()
+    runner = InlineRunner(concurrency_apps.app, store, settings=Settings(), poll_interval=0.05)
+    try:
+        yield runner
+    finally:
+        finish_inline(runner)
+        dispose(store)
 
 
 def test_twenty_runs_of_one_actor_two_at_a_time_inline(inline: InlineRunner) -> None:

@@ -30,7 +30,7 @@ from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.store.db import utcnow
 from agent_jobs.streams.redis_streams import RedisStreams
-from tests.support.services import truncate_all
+from tests.support.services import dispose, finish_inline, truncate_all
 from tests.support.waiting import TIMEOUT, eventually
 
 
@@ -221,7 +221,8 @@ def inline(tmp_path: Path) -> Iterator[tuple[InlineRunner, Timed]]:
     try:
         yield runner, model
     finally:
-        store.engine.dispose()
+        finish_inline(runner)
+        dispose(store)
 
 
 def test_the_inline_runner_waits_on_its_own_thread_and_a_429_pauses_every_run(

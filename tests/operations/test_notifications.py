@@ -30,7 +30,7 @@ from typing import Any, cast
 
 import pytest
 import redis
-from sqlalchemy import create_engine, select, text, update
+from sqlalchemy import select, update
 
 from agent_jobs import InlineRunner
 from agent_jobs.errors import ConfigurationError
@@ -43,11 +43,11 @@ from agent_jobs.store import Store, toolcalls
 from agent_jobs.store import outbox as rows
 from agent_jobs.store import questions as question_rows
 from agent_jobs.store import runs as run_rows
-from agent_jobs.store.db import make_engine, upgrade, utcnow
+from agent_jobs.store.db import utcnow
 from agent_jobs.store.schema import outbox
 from tests.support import apps
 from tests.support.redis_server import RedisServer, free_port
-from tests.support.services import PG_ADMIN_URL, truncate_all
+from tests.support.services import own_database, truncate_all
 from tests.support.waiting import eventually
 from tests.support.workers import ROOT, service_env, worker
 
@@ -58,31 +58,10 @@ SECRET = "webhook-secret-for-the-tests"
 # rows from the database it works on: these tests' rows must be theirs alone.
 
 
-def own_database() -> Iterator[str]:
-    """A fresh Postgres database, migrated; dropped afterwards."""
-    name = f"agent_jobs_notify_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # a missing service is a failure, never a skip
-        admin.dispose()
-        pytest.fail(f"Postgres is required for the tests ({PG_ADMIN_URL}): {exc}")
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture(scope="module")
 def notify_pg() -> Iterator[str]:
-    yield from own_database()
+    with own_database("agent_jobs_notify") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -31,13 +31,12 @@ from tests.operations.test_notifications import (
     Receiver,
     notify_pg,  # noqa: F401 (the fixtures, shared)
     notify_redis,  # noqa: F401
-    own_database,
     settings_for,
     streamed,
 )
 from tests.support import apps
 from tests.support.redis_server import RedisServer
-from tests.support.services import truncate_all
+from tests.support.services import dispose, finish_inline, own_database, truncate_all
 from tests.support.waiting import eventually, wait_status
 from tests.support.workers import ROOT, TEST_POOLS, Process, service_env, start_worker
 
@@ -199,7 +198,8 @@ def workers(notify_pg: str, notify_redis: RedisServer, hook: Receiver) -> Iterat
 def inline_pg() -> Iterator[str]:
     """The inline runs' database: not the workers', whose senders would take (and send
     elsewhere) the rows of this process's runs."""
-    yield from own_database()
+    with own_database("agent_jobs_notify_inline") as url:
+        yield url
 
 
 @pytest.fixture(params=["inline", *(f"durable-{pool}" for pool in TEST_POOLS)])
@@ -220,12 +220,14 @@ def driven(
         settings = settings_for(
             store, notify_redis.url(0), webhook_url=hook.url, webhook_secret=SECRET
         )
+        made = Inline(store, settings, events)
         try:
-            yield Inline(store, settings, events)
+            yield made
         finally:
+            finish_inline(made.runner)
             stop_sender(store)
             events.close()
-            store.engine.dispose()
+            dispose(store)
         return
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", notify_pg)
     store = Store.from_url(notify_pg)

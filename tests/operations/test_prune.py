@@ -41,6 +41,7 @@ from agent_jobs.streams.base import stream_key
 from tests.support.builders import add_run, support_app
 from tests.support.harness import InlineHarness
 from tests.support.redis_server import free_port
+from tests.support.services import dispose, finish_inline
 from tests.support.waiting import TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +76,7 @@ def runner(store: Store) -> Iterator[InlineRunner]:
     settings = Settings(database_url="sqlite://", broker_url=None, redis_url=None)
     made = InlineRunner(app, store, settings=settings, poll_interval=0.05)
     yield made
-    for run in store.list_runs(limit=100):
-        if not run.finished:  # a parked run's thread must not outlive the test
-            made.cancel(run.run_id)
-            made.wait(run.run_id, timeout=TIMEOUT)
+    finish_inline(made)  # a parked run's thread must not outlive the test
 
 
 @pytest.fixture
@@ -336,8 +334,12 @@ def runner_on_pg(pg_url: str) -> Iterator[InlineRunner]:
     store = Store.from_url(pg_url)
     truncate_all(store)
     settings = Settings(database_url=pg_url, broker_url=None, redis_url=None)
-    yield InlineRunner(support_app(_reads_then_answer()), store, settings=settings)
-    store.engine.dispose()
+    runner = InlineRunner(support_app(_reads_then_answer()), store, settings=settings)
+    try:
+        yield runner
+    finally:
+        finish_inline(runner)
+        dispose(store)
 
 
 # --- the command line ---------------------------------------------------------------------

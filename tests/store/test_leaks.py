@@ -5,7 +5,6 @@ own."""
 
 from __future__ import annotations
 
-import uuid
 import warnings
 from collections.abc import Iterator
 
@@ -15,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from agent_jobs.errors import SchemaNotReadyError
 from agent_jobs.store import Store
-from tests.support.services import PG_ADMIN_URL
+from tests.support.services import PG_ADMIN_URL, own_database
 
 
 def open_and_forget(pg_url: str) -> None:
@@ -38,16 +37,8 @@ def test_a_connection_deleted_while_open_prints_where_it_was_opened(
 @pytest.fixture
 def unmigrated() -> Iterator[str]:
     """An empty database: no schema yet."""
-    name = f"agent_jobs_unmigrated_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with own_database("agent_jobs_unmigrated", migrate=False) as url:
+        yield url
 
 
 def sessions_on(url: str) -> int:

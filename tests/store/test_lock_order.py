@@ -23,7 +23,7 @@ from agent_jobs.store import runs as run_rows
 from tests.support import apps
 from tests.support.apps import executed
 from tests.support.harness import InlineHarness
-from tests.support.services import truncate_all, wait_for_a_lock
+from tests.support.services import dispose, finish_inline, truncate_all, wait_for_a_lock
 from tests.support.waiting import TIMEOUT
 
 
@@ -32,8 +32,12 @@ def runner(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[InlineRunne
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
     store = Store.from_url(pg_url)
     truncate_all(store)
-    yield InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
-    store.engine.dispose()
+    runner = InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
+    try:
+        yield runner
+    finally:
+        finish_inline(runner)
+        dispose(store)
 
 
 class Pause:

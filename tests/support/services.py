@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
-from sqlalchemy import text
+import pytest
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from agent_jobs import AgentJobsError, InlineRunner
 from agent_jobs.store import Store
+from agent_jobs.store.db import make_engine, upgrade
 
 # A queue of this test session's own for the shared and crash-test workers: two pytest
 # runs on one machine's Redis never take each other's tasks.
@@ -20,6 +23,34 @@ SESSION_QUEUE = f"agent_jobs_test_{uuid.uuid4().hex[:8]}"
 PG_ADMIN_URL = os.environ.get(
     "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+
+
+@contextmanager
+def own_database(prefix: str, *, migrate: bool = True) -> Iterator[str]:
+    """A Postgres database of the caller's own, migrated to the newest schema (or left
+    empty), and dropped afterwards with whatever still holds a connection to it."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+        except OperationalError as exc:  # a missing service is a failure, never a skip
+            pytest.fail(f"Postgres is required for the tests ({PG_ADMIN_URL}): {exc}")
+        try:
+            url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+            if migrate:
+                engine = make_engine(url)
+                try:
+                    upgrade(engine)
+                finally:
+                    engine.dispose()
+            yield url
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
 
 
 def truncate_all(store: Store) -> None:

@@ -28,29 +28,23 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import create_engine, text
 
 from agent_jobs.client import Client
 from agent_jobs.dispatch import CeleryDispatcher, celery_client
 from agent_jobs.settings import Settings
 from agent_jobs.store import RunView, Store
 from agent_jobs.store import journal as journal_rows
-from agent_jobs.store.db import make_engine, upgrade
 from tests.support import apps
 from tests.support.redis_server import RedisServer
+from tests.support.services import own_database
 from tests.support.waiting import TIMEOUT, eventually
 from tests.support.workers import Process, service_env, start_worker
 
 JOURNALS = Path(__file__).resolve().parent / "journals"
-PG_ADMIN_URL = os.environ.get(
-    "AGENT_JOBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 PARALLEL_TOOLS = "agent:parallel-tools"
 APPROVALS_AT_ONCE = "agent:approvals-at-once"
 
@@ -162,24 +156,6 @@ SCENARIOS = (
 )
 
 
-@contextmanager
-def fresh_database() -> Iterator[str]:
-    name = f"agent_jobs_fixtures_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        engine = make_engine(url)
-        upgrade(engine)
-        engine.dispose()
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def fixture_of(store: Store, scenario: Scenario, run: RunView) -> dict[str, Any]:
     with store.connect() as conn:
         rows = journal_rows.load_for_replay(conn, run.run_id)
@@ -266,7 +242,7 @@ def main() -> None:
         return
     server = RedisServer().start()
     try:
-        with fresh_database() as url:
+        with own_database("agent_jobs_fixtures") as url:
             recorded = record(url, server.url(0), scenarios)
     finally:
         server.close()
