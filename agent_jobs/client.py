@@ -302,15 +302,27 @@ class Client:
             log.warning("run %s: the broker could not be reached (%s); %s", run_id, exc, DECIDED)
         return retried
 
-    def fork(self, run_id: str, at: str, *, actor: str) -> controls.Forked:
+    def fork(
+        self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False
+    ) -> controls.Forked:
         """A new run on a new thread that reuses run `run_id`'s journal before step `at`
         and goes on from there; `runs_again` lists the steps with side effects it will run
-        again. Raises `InvalidRequestError` for a step it cannot fork at (not in the
-        journal, inside a fan-out, …) and `ControlRefusedError` (nothing is written)."""
+        again, `asked_again` the `action` calls a person is asked about again: a fork
+        inherits no decision, unless `actor` may make it and `keep_decisions` keeps it as
+        theirs (`kept_decisions`). Raises `InvalidRequestError` for a step it cannot fork
+        at (not in the journal, inside a fan-out, …), `DecisionRefusedError` for a
+        decision `actor` may not keep, and `ControlRefusedError` (nothing is written)."""
         dispatcher = self._broker()
         with self.store.begin() as conn:
             forked = controls.fork(
-                conn, self.app, run_id, at, actor, runner="durable", status="queued"
+                conn,
+                self.app,
+                run_id,
+                at,
+                actor,
+                runner="durable",
+                status="queued",
+                keep_decisions=keep_decisions,
             )
         self._send(dispatcher, forked.run_id, QUEUED)
         return forked
@@ -439,8 +451,8 @@ def retry(run_id: str, *, actor: str) -> controls.Retried:
     return default_client().retry(run_id, actor=actor)
 
 
-def fork(run_id: str, at: str, *, actor: str) -> controls.Forked:
-    return default_client().fork(run_id, at, actor=actor)
+def fork(run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> controls.Forked:
+    return default_client().fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
 
 def when_idle(run_or_thread: str, timeout: float | None = None) -> bool:

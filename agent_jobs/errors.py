@@ -98,6 +98,11 @@ class InvalidRequestError(AgentJobsError):
     """A request from outside (a run request, a message, a decision) is malformed."""
 
 
+class TooManyRunsError(AgentJobsError):
+    """The actor has as many runs going as this process lets one actor have (`serve`
+    without a broker, where each run holds a thread); nothing was written."""
+
+
 class ControlRefusedError(StoreError):
     """An operator control (pause, resume, retry, fork) does not apply to the run as it
     stands (it has ended, is not paused, did not fail on a step, …); nothing changed."""

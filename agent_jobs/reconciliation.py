@@ -21,12 +21,11 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from .app import AgentApp
-from .approvals.record import contains_nul
 from .checkpoints import ToolOutcome
 from .dispatch import INVOKE_TOOL
 from .errors import InvalidRequestError, ReconcileRefusedError, UnknownCallError, UnknownRunError
 from .store import outcomes, runs, toolcalls
-from .store.db import utcnow
+from .store.db import contains_nul, utcnow
 
 Outcome = Literal["succeeded", "failed", "retry"]
 OUTCOMES: tuple[Outcome, ...] = ("succeeded", "failed", "retry")

@@ -5,6 +5,7 @@ Below both runners: the client, the Celery task and the approvals parser use it 
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,9 +22,10 @@ from .processes import this_process
 from .store import RunView, Store, threads
 from .store import events as event_rows
 from .store import runs as run_rows
-from .store.db import utcnow
+from .store.db import contains_nul, utcnow
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
+MAX_METADATA = 64 * 1024  # bytes of a run's metadata, as JSON
 
 
 def new_id() -> str:
@@ -55,6 +57,24 @@ class RunRequest(BaseModel):
     @classmethod
     def _metadata(cls, value: Any) -> Any:
         return {} if value is None else value
+
+    @field_validator("agent", "input", "actor", "persona", "metadata")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if contains_nul(value):
+            raise ValueError("must not contain NUL characters (U+0000), which no text column holds")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(value, default=str).encode())
+        if size > MAX_METADATA:
+            raise ValueError(
+                f"must be at most {MAX_METADATA} bytes as JSON ({size}): keep references in "
+                "it, not documents"
+            )
+        return value
 
     @field_validator("if_busy", mode="before")
     @classmethod
@@ -131,8 +151,13 @@ def post_message(
     """Queue a message on a thread's inbox: (thread id, the run it started, if any).
 
     A `next-turn` message to an idle thread whose last run belongs to `runner` starts
-    that thread's next turn at once.
+    that thread's next turn at once. A text with a NUL character is refused
+    (`InvalidRequestError`).
     """
+    if contains_nul(text):
+        raise InvalidRequestError(
+            "a message must not contain NUL characters (U+0000), which no text column holds"
+        )
     thread_id, run = session.resolve_thread(conn, run_or_thread)
     if run is not None:
         # The thread's row first, as a turn's end takes it (for its events) before it

@@ -154,6 +154,15 @@ class Settings(SettingsBase):
     api_keepalive: float = Field(default=15.0, gt=0)  # seconds of quiet before a comment
     api_inbox_poll: float = Field(default=1.0, gt=0)  # seconds between inbox checks
     api_max_streams: int = Field(default=200, ge=1)  # event streams open at once
+    # Of which one actor may hold (None: half of them).
+    api_max_streams_per_actor: int | None = Field(default=None, ge=1)
+    # Seconds a connection has to finish a request's headers (from its start, or from
+    # its last answer's end), and the connections `serve` holds at once (fewer if the
+    # open-files limit would run out first): http/connections.py.
+    api_header_timeout: float = Field(default=10.0, gt=0)
+    api_max_connections: int = Field(default=1000, ge=1)
+    # Runs one actor may have going in `serve` without a broker (each holds a thread).
+    api_inline_runs_per_actor: int = Field(default=50, ge=1)
 
     @field_validator("rate_limits", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..runs import ID_PATTERN
-from .record import contains_nul
+from ..store.db import contains_nul
 from .signing import verify_signature
 
 HEX64 = r"^[0-9a-fA-F]{64}$"

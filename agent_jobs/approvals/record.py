@@ -13,25 +13,11 @@ from ..checkpoints import Decision
 from ..errors import DecisionRefusedError, UnknownCallError, UnknownRunError
 from ..messages import args_sha256
 from ..store import journal, questions, runs, toolcalls
+from ..store.db import contains_nul
 
 Recorded = Literal["recorded", "already_decided"]
-
-
-def contains_nul(value: Any) -> bool:
-    """Whether a NUL character is anywhere in `value` (keys included): Postgres text and
-    jsonb cannot hold one, so it is refused before it reaches an INSERT."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return False
+MAX_ANSWER = 10_000  # characters of one answer
+MAX_QUESTION_ID = 200
 
 
 def record_decision(
@@ -117,6 +103,11 @@ def record_answers(
         raise DecisionRefusedError("answers must be an object of question id to answer")
     if contains_nul([answers, actor]):
         raise DecisionRefusedError("answers must not contain NUL characters")
+    if any(len(str(k)) > MAX_QUESTION_ID or len(str(v)) > MAX_ANSWER for k, v in answers.items()):
+        raise DecisionRefusedError(
+            f"an answer may be at most {MAX_ANSWER} characters long, a question id "
+            f"{MAX_QUESTION_ID}"
+        )
     if asked.answers is not None:
         return "already_decided"
     if run.status in runs.TERMINAL:

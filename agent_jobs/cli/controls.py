@@ -100,14 +100,21 @@ def retry(run_id: str, actor: str, as_json: bool) -> None:
 @click.command()
 @click.argument("run_id")
 @click.option("--at", "step", required=True, help="The step to fork at (agent-jobs journal).")
+@click.option(
+    "--keep-decisions",
+    is_flag=True,
+    help="Keep the decisions made before STEP on calls that run again, as your own "
+    "(you must be able to make each); without it they are asked again.",
+)
 @ACTOR
 @AS_JSON
 @handle_errors
-def fork(run_id: str, step: str, actor: str, as_json: bool) -> None:
+def fork(run_id: str, step: str, keep_decisions: bool, actor: str, as_json: bool) -> None:
     """Fork a run at STEP: a new run on a new thread that reuses the journal before STEP
-    and runs on from there. Prints the steps with side effects that will run again."""
+    and runs on from there. Prints the steps with side effects that will run again and
+    the calls a person is asked about again: a fork inherits no decision."""
     runner = _inline()
-    forked = (runner or _client()).fork(run_id, step, actor=actor)
+    forked = (runner or _client()).fork(run_id, step, actor=actor, keep_decisions=keep_decisions)
     if not as_json:
         _tell(forked)
     _finish(runner, forked.run_id, forked.as_json(), as_json)
@@ -142,6 +149,10 @@ def _tell(forked: Forked) -> None:
         out.print("no step with side effects runs again")
     for again in forked.runs_again:
         out.print(visible(f"runs again: {again.step} {again.tool} (call {again.call_id})"))
+    for asked in forked.asked_again:
+        out.print(visible(f"asked again: {asked.tool} (call {asked.call_id})"))
+    for kept in forked.kept_decisions:
+        out.print(visible(f"decision kept as yours: {kept.tool} (call {kept.call_id})"))
 
 
 def _drive_here(runner: InlineRunner, run_id: str, *, quiet: bool) -> RunView:

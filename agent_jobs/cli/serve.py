@@ -19,7 +19,7 @@ from .. import metrics, tracing
 from ..client import Client
 from ..controls import Forked, Retried
 from ..dispatch import CeleryDispatcher, celery_client
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TooManyRunsError
 from ..http import API_EXTRA
 from ..http.door import Door, DurableDoor
 from ..loading import load_app
@@ -31,6 +31,7 @@ from ..runners.inline import InlineRunner
 from ..runs import RunRequest
 from ..settings import Settings, get_settings
 from ..store import Store
+from ..store import runs as run_rows
 from ..streams.base import StreamBackend
 from .common import EXIT_USAGE, fail, handle_errors
 
@@ -54,8 +55,11 @@ class InlineDoor:
     runner = "inline"
     entry_id = re.compile(r"^\d{1,12}$")
 
-    def __init__(self, runner: InlineRunner) -> None:
+    def __init__(self, runner: InlineRunner, runs_per_actor: int = 50) -> None:
         self.inline = runner
+        # Each run this process drives holds a thread until it ends, a run parked on a
+        # person too: an actor may have this many going at once.
+        self.runs_per_actor = runs_per_actor
         self.store = runner.store
         self.app = runner.app
         self.streams: StreamBackend = runner.streams
@@ -67,6 +71,14 @@ class InlineDoor:
         with self._admitting:
             if request.run_id is not None and self.store.find_run(request.run_id) is not None:
                 return request.run_id, False
+            with self.store.connect() as conn:
+                going = run_rows.unfinished_of(conn, request.actor, "inline")
+            if going >= self.runs_per_actor:
+                raise TooManyRunsError(
+                    f"actor {request.actor!r} has {going} runs going in this server, the most "
+                    "one actor may (AGENT_JOBS_API_INLINE_RUNS_PER_ACTOR): let one end, or "
+                    "serve with a broker, whose workers hold no thread for a waiting run"
+                )
             run_id = self.inline.start(
                 request.agent,
                 request.input,
@@ -118,8 +130,8 @@ class InlineDoor:
     def retry(self, run_id: str, *, actor: str) -> Retried:
         return self.inline.retry(run_id, actor=actor)
 
-    def fork(self, run_id: str, at: str, *, actor: str) -> Forked:
-        return self.inline.fork(run_id, at, actor=actor)
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
+        return self.inline.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     def close(self) -> None:
         self.store.engine.dispose()
@@ -134,7 +146,8 @@ def build_door(settings: Settings) -> Door:
         return DurableDoor.from_settings(settings, client, settings.api_max_streams)
     # The models run here: an unusable AGENT_JOBS_MODEL is an error, as for `run`.
     app = load_app(settings.app, strict_model=True)
-    return InlineDoor(InlineRunner(app, store, settings=settings))
+    runner = InlineRunner(app, store, settings=settings)
+    return InlineDoor(runner, settings.api_inline_runs_per_actor)
 
 
 def build_app(settings: Settings | None = None) -> FastAPI:
@@ -192,6 +205,16 @@ def serve(host: str, port: int) -> None:
     configure_logging()
     runner = "the workers (durable)" if settings.broker_url else "this process (inline)"
     log.info("serving the HTTP API on %s:%s; runs go to %s", host, port, runner)
+    from ..http.connections import connection_cap, protocol
+
+    cap = connection_cap(settings.api_max_connections)
+    if cap < settings.api_max_connections:
+        log.warning(
+            "holding at most %d connections at once, not %d: the open-files limit leaves "
+            "no room for more (raise it with `ulimit -n`)",
+            cap,
+            settings.api_max_connections,
+        )
     uvicorn.run(
         app,
         host=host,
@@ -200,4 +223,6 @@ def serve(host: str, port: int) -> None:
         log_level="info",
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        # A request's headers have a deadline; connections past the cap are 503.
+        http=protocol(settings.api_header_timeout, cap),
     )

@@ -9,17 +9,23 @@ What else a replay of them needs, and what the fork's thread must hold:
   results), rebuilt from those steps' intents and results; the title, when the source's
   thread had it before the source run (else the fork gives its thread one at its end);
 - the tool calls the copied steps recorded, as they stood at the fork point: a call whose
-  outcome comes after it is pending again (its verdict, and its decision only if that was
-  copied too), with no handler marked as begun;
+  outcome comes after it is pending again (its verdict), with no handler marked as begun;
+- never a decision: a decision is about one call of one run. An `action` call whose
+  outcome comes after the fork point is asked again in the fork (its decision's row is
+  not copied, so the fork's turn asks as a new run's does: its pending entry, frames and
+  deadline), unless the one who forks may decide it and asks to keep it
+  (`keep_decisions`): then the row is copied as their decision, recorded as theirs;
 - not the usage ledger: the fork paid for none of the model calls it reuses, and its
   totals count only its own. A fork at a `usage:` step would charge a reused call again.
 
 A fork at a model step calls the model again; at a tool step, runs the tool again: the
 answer lists the steps with side effects that will run again (the source's `action`
-calls after the fork point, which ran there). Refused (`InvalidRequestError`): a step not
+calls after the fork point, which ran there), the calls asked again and the decisions
+kept. Refused (`InvalidRequestError`): a step not
 in the journal, a step inside a fan-out (the order of a fan-out's rows says how far each
 member got, not the fan-out's shape), a retry row, a `usage:` step; (`ControlRefusedError`)
-a step before the fork point that has not finished, a journal that was pruned.
+a step before the fork point that has not finished, a journal that was pruned;
+(`DecisionRefusedError`) decisions to keep that the one who forks may not make.
 """
 
 from __future__ import annotations
@@ -33,8 +39,13 @@ from sqlalchemy import Connection
 from .. import checkpoints as names
 from .. import session
 from ..app import AgentApp
-from ..checkpoints import CallVerdict, Prepared
-from ..errors import ControlRefusedError, InvalidRequestError, UnknownRunError
+from ..checkpoints import CallVerdict, Decision, Prepared
+from ..errors import (
+    ControlRefusedError,
+    DecisionRefusedError,
+    InvalidRequestError,
+    UnknownRunError,
+)
 from ..messages import Message
 from ..runs import RunRequest, check_request, create_run, new_id
 from ..steps import PersistAssistant, PersistToolExec, PersistUserMessage, parse_intent
@@ -42,6 +53,7 @@ from ..store import RunView, forks, threads, toolcalls
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
+from ..store.db import utcnow
 from ..store.retention import PRUNED
 from .pause import checked_actor
 from .retry import last_runs
@@ -68,16 +80,23 @@ class Forked:
     source: str
     at: str
     runs_again: list[Again] = field(default_factory=list)
+    # `action` calls the fork asks a person about again (the step: the decision's row)
+    asked_again: list[Again] = field(default_factory=list)
+    # decisions copied as the forker's own (`keep_decisions`)
+    kept_decisions: list[Again] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
+        def listed(found: list[Again]) -> list[dict[str, str]]:
+            return [{"step": a.step, "tool": a.tool, "call_id": a.call_id} for a in found]
+
         return {
             "run_id": self.run_id,
             "thread_id": self.thread_id,
             "forked_from": self.source,
             "at": self.at,
-            "runs_again": [
-                {"step": a.step, "tool": a.tool, "call_id": a.call_id} for a in self.runs_again
-            ],
+            "runs_again": listed(self.runs_again),
+            "asked_again": listed(self.asked_again),
+            "kept_decisions": listed(self.kept_decisions),
         }
 
 
@@ -90,9 +109,12 @@ def fork(
     *,
     runner: str,
     status: run_rows.RunStatus,
+    keep_decisions: bool = False,
 ) -> Forked:
     """Write the fork of run `source_id` at step `at`, asked for by `actor`: a new run of
-    `runner`, written `status` (the caller then drives it). Nothing is written when it is
+    `runner`, written `status` (the caller then drives it). The decisions before the fork
+    point on calls that run again are asked again, or, with `keep_decisions`, kept as
+    `actor`'s own if `actor` may make every one of them. Nothing is written when it is
     refused."""
     actor = checked_actor(actor)
     if not isinstance(at, str) or not at.strip():
@@ -113,6 +135,8 @@ def fork(
     prefix = [row for row in rows if row.seq < point.seq]
     _check_prefix(source_id, prefix)
     again = runs_again(conn, source_id, [row for row in rows if row.seq >= point.seq])
+    open_calls = undecided_at(conn, source_id, prefix)
+    kept = kept_decisions(app, source_id, actor, open_calls) if keep_decisions else {}
 
     run_id, thread_id = new_id(), new_id()
     request = RunRequest(
@@ -131,10 +155,19 @@ def fork(
         conn, request, run_id=run_id, runner=runner, status=status, app=app, depth=source.depth
     )
     ids = {"run_id": {source_id: run_id}, "thread_id": {source.thread_id: thread_id}}
-    forks.copy_journal(conn, [_copied(row, run_id, ids) for row in prefix])
+    journal = [_copied(row, run_id, ids, kept) for row in prefix if _copies(row, open_calls, kept)]
+    forks.copy_journal(conn, journal)
     _copy_thread(conn, source, thread_id, run_id, prefix)
-    forks.copy_calls(conn, _calls(conn, source_id, run_id, thread_id, prefix))
-    answer = Forked(run_id, thread_id, source_id, at, again)
+    forks.copy_calls(conn, _calls(conn, source_id, run_id, thread_id, prefix, kept))
+    answer = Forked(
+        run_id,
+        thread_id,
+        source_id,
+        at,
+        again,
+        asked_again=_asked_again(again, open_calls, kept),
+        kept_decisions=[_again(call) for call_id, call in open_calls.items() if call_id in kept],
+    )
     data = answer.as_json()
     event_rows.append(
         conn,
@@ -239,11 +272,84 @@ def runs_again(conn: Connection, source_id: str, after: Sequence[Any]) -> list[A
     return list(found.values())
 
 
+# --- decisions ---------------------------------------------------------------------------
+
+
+def undecided_at(conn: Connection, source_id: str, prefix: Sequence[Any]) -> dict[str, Any]:
+    """The source's `action` calls decided before the fork point whose outcome comes after
+    it (their handler runs in the fork), by call id: the decisions a fork does not
+    inherit."""
+    copied = {row.step for row in prefix}
+    return {
+        call.call_id: call
+        for call in toolcalls.run_calls(conn, source_id)
+        if call.kind == "action"
+        and names.approval(call.call_id) in copied
+        and names.toolexec(call.call_id) not in copied
+    }
+
+
+def kept_decisions(
+    app: AgentApp, source_id: str, actor: str, calls: Mapping[str, Any]
+) -> dict[str, Decision]:
+    """The decisions `actor` keeps, as their own, by call id: each one they may make, as
+    a decision on the call is judged (`approvals/record.py`); else `DecisionRefusedError`
+    naming the first they may not."""
+    kept: dict[str, Decision] = {}
+    for call_id, call in calls.items():
+        if call.decision is None:  # decided by no one (a deadline's verdict has its own)
+            continue
+        if call.name in app.registry:
+            escalated = call.approvers if call.escalated else None
+            tool = app.registry.get(call.name)
+            if not app.roles.may_approve(tool, actor, escalated):
+                roles = ", ".join(sorted(escalated or tool.approvers or ()))
+                raise DecisionRefusedError(
+                    f"actor {actor!r} may not decide call {call_id} ({call.name}) of run "
+                    f"{source_id}, so cannot keep its decision: it needs one of the roles "
+                    f"{roles}. Fork without keeping decisions and it is asked again"
+                )
+        reason = f"kept when forking run {source_id} (decided there by {call.decided_by})"
+        kept[call_id] = Decision(decision=call.decision, actor=actor, reason=reason)
+    return kept
+
+
+def _copies(row: Any, open_calls: Mapping[str, Any], kept: Mapping[str, Decision]) -> bool:
+    """Whether a row of the prefix is copied: all but the decisions the fork asks again."""
+    for call_id in open_calls:
+        if row.step == names.approval(call_id):
+            return call_id in kept
+    return True
+
+
+def _again(call: Any) -> Again:
+    return Again(names.approval(call.call_id), call.name, call.call_id)
+
+
+def _asked_again(
+    again: Sequence[Again], open_calls: Mapping[str, Any], kept: Mapping[str, Decision]
+) -> list[Again]:
+    """The calls a person is asked about again: each decided before the fork point and not
+    kept, then each `action` call after it that will run again (its turn asks anew)."""
+    asked = {call_id: _again(call) for call_id, call in open_calls.items() if call_id not in kept}
+    for a in again:
+        if a.call_id not in asked and a.call_id not in kept:
+            asked[a.call_id] = Again(names.approval(a.call_id), a.tool, a.call_id)
+    return list(asked.values())
+
+
 # --- what is copied ----------------------------------------------------------------------
 
 
-def _copied(row: Any, run_id: str, ids: dict[str, dict[str, str]]) -> dict[str, Any]:
+def _copied(
+    row: Any, run_id: str, ids: dict[str, dict[str, str]], kept: Mapping[str, Decision]
+) -> dict[str, Any]:
+    """A row of the source's journal as the fork's: its ids made the fork's, and a kept
+    decision made the forker's."""
     values = dict(row._mapping)
+    for call_id, decision in kept.items():
+        if row.step == names.approval(call_id):
+            values["result"] = decision.model_dump(mode="json")
     values.update(
         run_id=run_id,
         intent=_rehomed(values["intent"], ids),
@@ -314,10 +420,15 @@ def written(prefix: Sequence[Any]) -> list[Message]:
 
 
 def _calls(
-    conn: Connection, source_id: str, run_id: str, thread_id: str, prefix: Sequence[Any]
+    conn: Connection,
+    source_id: str,
+    run_id: str,
+    thread_id: str,
+    prefix: Sequence[Any],
+    kept: Mapping[str, Decision],
 ) -> list[dict[str, Any]]:
     """The source's tool-call records the copied steps wrote, as they stood at the fork
-    point."""
+    point, with no decision but those kept."""
     copied = {row.step: row for row in prefix}
     out: list[dict[str, Any]] = []
     for call in toolcalls.run_calls(conn, source_id):
@@ -329,8 +440,15 @@ def _calls(
         if names.toolexec(call.call_id) not in copied:  # its outcome comes after the fork
             verdict = CallVerdict.model_validate(recorded.result)
             values.update(status=verdict.status, result=None, error=verdict.error)
-            if names.approval(call.call_id) in copied and values["decision"] is not None:
-                values["status"] = "approved" if values["decision"] == "approve" else "rejected"
+            decision = kept.get(call.call_id)
+            if decision is not None:  # kept: the forker's own
+                values.update(
+                    status="approved" if decision.approved else "rejected",
+                    decision=decision.decision,
+                    decided_by=decision.actor,
+                    decision_reason=decision.reason,
+                    decided_at=utcnow(),
+                )
             else:  # asked again in the fork
                 values.update(
                     decision=None,

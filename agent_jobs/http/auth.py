@@ -96,7 +96,11 @@ class TokenTable:
 
 def bearer_token(request: Request) -> str | None:
     """The token of an `Authorization: Bearer <token>` header, if there is one."""
-    header = request.headers.get("authorization")
+    return token_of(request.headers.get("authorization"))
+
+
+def token_of(header: str | None) -> str | None:
+    """The token of an `Authorization` header's value, if it is `Bearer <token>`."""
     if header is None:
         return None
     scheme, _, token = header.strip().partition(" ")
@@ -106,17 +110,23 @@ def bearer_token(request: Request) -> str | None:
     return token
 
 
-def authenticate(request: Request) -> Caller:
-    """The caller of `request`, or `AuthenticationError`."""
-    token = bearer_token(request)
+def actor_for(tokens: TokenTable, header: str | None) -> str:
+    """The actor of an `Authorization` header's token, or `AuthenticationError`."""
+    token = token_of(header)
     if token is None:
         raise AuthenticationError(
             "send your API token as the header 'Authorization: Bearer <token>'"
         )
-    state = server(request)
-    actor = state.tokens.actor_of(token)
+    actor = tokens.actor_of(token)
     if actor is None:
         raise AuthenticationError("unknown API token; ask the operator for one")
+    return actor
+
+
+def authenticate(request: Request) -> Caller:
+    """The caller of `request`, or `AuthenticationError`."""
+    state = server(request)
+    actor = actor_for(state.tokens, request.headers.get("authorization"))
     return Caller(actor=actor, roles=state.door.app.roles.roles_of(actor))
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..approvals.record import MAX_ANSWER, MAX_QUESTION_ID
+
 MAX_REASON = 2000
-MAX_ANSWER = 10_000
 MAX_MESSAGE = 100_000
 
 
@@ -25,7 +26,10 @@ class DecisionBody(_Strict):
 
 class AnswersBody(_Strict):
     # Question id to answer: every question of the request, and only those.
-    answers: dict[str, str] = Field(min_length=1)
+    answers: dict[
+        Annotated[str, Field(max_length=MAX_QUESTION_ID)],
+        Annotated[str, Field(max_length=MAX_ANSWER)],
+    ] = Field(min_length=1)
 
 
 class MessageBody(_Strict):

@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ControlRefusedError
+from ..errors import ControlRefusedError, DecisionRefusedError
 from .access import owned_run
 from .auth import CallerDep
-from .errors import ERROR_RESPONSES, ConflictError, ErrorBody
+from .errors import ERROR_RESPONSES, ConflictError, ErrorBody, PermissionDeniedError
 from .state import server
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
@@ -47,6 +47,11 @@ class ForkBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     at: str = Field(min_length=1, max_length=300, description="The step to fork at")
+    keep_decisions: bool = Field(
+        default=False,
+        description="Keep the decisions made before the fork point on calls that run again, "
+        "as the caller's own (who must be able to make each); else they are asked again",
+    )
 
 
 class RunsAgain(BaseModel):
@@ -61,6 +66,8 @@ class Forked(BaseModel):
     forked_from: str
     at: str
     runs_again: list[RunsAgain]  # steps with side effects that ran in the source
+    asked_again: list[RunsAgain]  # `action` calls a person is asked about again
+    kept_decisions: list[RunsAgain]  # decisions kept as the caller's own
 
 
 @contextmanager
@@ -106,8 +113,16 @@ def retry(run_id: str, request: Request, caller: CallerDep) -> Retrying:
 @router.post("/{run_id}/fork", status_code=201, response_model=Forked, responses=REFUSALS)
 def fork(run_id: str, body: ForkBody, request: Request, caller: CallerDep) -> Forked:
     """A new run on a new thread that reuses the run's journal before step `at` and goes
-    on from there; `runs_again` lists the steps with side effects it will run again."""
+    on from there; `runs_again` lists the steps with side effects it will run again,
+    `asked_again` the `action` calls a person is asked about again (a fork inherits no
+    decision), `kept_decisions` those kept as the caller's own (`keep_decisions`: 403
+    when the caller may not make one of them)."""
     door, run_id = _controlled(request, caller, run_id, "fork it")
     with _as_conflict():
-        made = door.fork(run_id, body.at, actor=caller.actor)
+        try:
+            made = door.fork(
+                run_id, body.at, actor=caller.actor, keep_decisions=body.keep_decisions
+            )
+        except DecisionRefusedError as exc:
+            raise PermissionDeniedError(str(exc)) from None
     return Forked.model_validate(made.as_json())

@@ -62,7 +62,7 @@ async def approvals_stream(request: Request, caller: CallerDep) -> StreamingResp
     each time it changes; comments keep the connection alive meanwhile."""
     state = server(request)
     first = await run_in_threadpool(inbox, state.door, caller)
-    release = state.slots.claim()
+    release = state.slots.claim(caller.actor)
     return StreamingResponse(
         _inbox_events(state, caller, first, release),
         media_type="text/event-stream",

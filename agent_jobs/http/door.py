@@ -83,7 +83,7 @@ class Door(Protocol):
         """Run the failed step of a run that failed on it again; the run goes on."""
         ...
 
-    def fork(self, run_id: str, at: str, *, actor: str) -> Forked:
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
         """A new run on a new thread from the run's journal before step `at`."""
         ...
 
@@ -156,8 +156,8 @@ class DurableDoor:
     def retry(self, run_id: str, *, actor: str) -> Retried:
         return self.client.retry(run_id, actor=actor)
 
-    def fork(self, run_id: str, at: str, *, actor: str) -> Forked:
-        return self.client.fork(run_id, at, actor=actor)
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
+        return self.client.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     def close(self) -> None:
         self._redis.close()

@@ -23,6 +23,7 @@ from ..errors import (
     ApprovalError,
     ConfigurationError,
     InvalidRequestError,
+    TooManyRunsError,
     UnknownAgentError,
     UnknownCallError,
     UnknownRunError,
@@ -86,6 +87,7 @@ LIBRARY_STATUS: tuple[tuple[type[AgentJobsError], int], ...] = (
     (UnknownCallError, 404),
     (UnknownAgentError, 422),
     (InvalidRequestError, 422),
+    (TooManyRunsError, 429),
     (ApprovalError, 409),
     (ConfigurationError, 500),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter, FastAPI
 from ..settings import Settings
 from . import controls, decisions, errors, page, reconcile, runs, scraping, service
 from .auth import TokenTable
+from .connections import QuietRepeats
 from .door import Door
 from .middleware import BodyLimit, SecurityHeaders
 from .state import STATE_KEY, ServerState, StreamSlots
@@ -30,6 +32,9 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # An error the loop reports over and over (accept() out of file descriptors)
+        # is logged once a while, not once each.
+        asyncio.get_running_loop().set_exception_handler(QuietRepeats())
         yield
         door.close()
 
@@ -44,7 +49,8 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
         redoc_url=None,
         lifespan=lifespan,
     )
-    state = ServerState(door, tokens, settings, StreamSlots(settings.api_max_streams))
+    slots = StreamSlots(settings.api_max_streams, settings.api_max_streams_per_actor)
+    state = ServerState(door, tokens, settings, slots)
     setattr(app.state, STATE_KEY, state)
     errors.install(app)
     for router in (
@@ -59,6 +65,6 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
     ):
         app.include_router(router)
     app.mount("/static", page.static_files(), name="static")
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, tokens=tokens)
     app.add_middleware(SecurityHeaders)
     return app

@@ -190,7 +190,7 @@ async def stream(
     resume = last_event_id or after  # a reconnecting client's header wins over the URL
     if resume is not None and not door.entry_id.fullmatch(resume):
         raise InvalidRequestError(f"invalid request: {resume!r} is not an entry id")
-    release = state.slots.claim()
+    release = state.slots.claim(caller.actor)
     events = _frames(state, run.root_run_id, resume, release)
     return StreamingResponse(
         events,

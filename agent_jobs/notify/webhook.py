@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import re
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -74,6 +76,7 @@ class Webhook:
         self.where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
         import httpx  # only a process that POSTs pays for its import
 
+        hide_paths_of(parts.hostname or "")
         self._httpx = httpx
         self._client: httpx.Client = httpx.Client(timeout=timeout, follow_redirects=False)
 
@@ -113,6 +116,44 @@ class Webhook:
 
     def _hide(self, text: str) -> str:
         return text.replace(self.url, self.where)
+
+
+class _HidePaths(logging.Filter):
+    """Cuts the path and query out of the URLs of some hosts in a library's log records:
+    httpx logs every request (`HTTP Request: POST <url> "HTTP/1.1 200 OK"`) at INFO, and a
+    webhook receiver's secret is often in its URL's path or query."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hosts: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
+
+    def add(self, host: str) -> None:
+        self.hosts.add(host)
+        names = "|".join(re.escape(h) for h in sorted(self.hosts, key=len, reverse=True))
+        self._pattern = re.compile(rf"(?i)(\bhttps?://(?:{names})(?::\d+)?)[/?#][^\s\"'<>]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._pattern is not None:
+            message = record.getMessage()
+            hidden = self._pattern.sub(r"\1/…", message)
+            if hidden != message:
+                record.msg, record.args = hidden, ()
+        return True
+
+
+_HIDDEN = _HidePaths()
+
+
+def hide_paths_of(host: str) -> None:
+    """Keep the path and query of URLs of `host` out of httpx's and httpcore's log
+    records, in every process that sends to it, whatever its logging is."""
+    if host and host not in _HIDDEN.hosts:
+        _HIDDEN.add(host)
+        for name in ("httpx", "httpcore"):
+            library = logging.getLogger(name)
+            if _HIDDEN not in library.filters:
+                library.addFilter(_HIDDEN)
 
 
 def _retry_after(value: str | None) -> float | None:

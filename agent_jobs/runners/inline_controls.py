@@ -90,13 +90,23 @@ class InlineControls:
         self._drive(run_id)
         return retried
 
-    def fork(self, run_id: str, at: str, *, actor: str) -> controls.Forked:
+    def fork(
+        self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False
+    ) -> controls.Forked:
         """Fork any run at step `at` into a new run on a new thread, driven in this
-        process (`agent_jobs.controls.fork` says what it copies and refuses)."""
+        process (`agent_jobs.controls.fork` says what it copies, asks again and
+        refuses)."""
         start_sender(self.store, self.settings)
         with self.store.begin() as conn:
             forked = controls.fork(
-                conn, self.app, run_id, at, actor, runner="inline", status="running"
+                conn,
+                self.app,
+                run_id,
+                at,
+                actor,
+                runner="inline",
+                status="running",
+                keep_decisions=keep_decisions,
             )
         self._drive(forked.run_id)
         return forked

@@ -93,6 +93,7 @@ def make_engine(url: str, *, pool_size: int = 5, password: SecretStr | str | Non
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
             poolclass=NullPool if parsed.database in (None, "", ":memory:") else None,
+            hide_parameters=True,  # a statement's values are runs' data: never in a log
         )
         _tune_sqlite(engine)
         return engine
@@ -103,7 +104,13 @@ def make_engine(url: str, *, pool_size: int = 5, password: SecretStr | str | Non
             parsed = parsed.set(password=password)
         # No pre-ping: it costs a round trip per checkout. A connection that died is
         # invalidated when it fails, and the task that hit it is retried (tasks/steps.py).
-        engine = create_engine(parsed, pool_size=pool_size, max_overflow=10, pool_recycle=1800)
+        engine = create_engine(
+            parsed,
+            pool_size=pool_size,
+            max_overflow=10,
+            pool_recycle=1800,
+            hide_parameters=True,  # a statement's values are runs' data: never in a log
+        )
         driver.install(engine)
         return engine
     raise ConfigurationError(
@@ -181,3 +188,20 @@ def ensure_schema(engine: Engine, *, auto_upgrade: bool) -> None:
     raise SchemaNotReadyError(
         "the database schema is not at the version this code needs; run `agent-jobs db upgrade`"
     )
+
+
+def contains_nul(value: Any) -> bool:
+    """Whether a NUL character is anywhere in `value` (keys included): Postgres text and
+    jsonb cannot hold one, so it is refused before it reaches an INSERT."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False

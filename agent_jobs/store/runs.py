@@ -314,6 +314,16 @@ def touch(conn: Connection, run_id: str) -> None:
     conn.execute(update(runs).where(runs.c.id == run_id).values(updated_at=utcnow()))
 
 
+def unfinished_of(conn: Connection, actor: str, runner: str) -> int:
+    """How many runs of `actor` on `runner` have not ended."""
+    query = (
+        select(func.count())
+        .select_from(runs)
+        .where(runs.c.actor == actor, runs.c.runner == runner, runs.c.status.not_in(TERMINAL))
+    )
+    return int(conn.execute(query).scalar_one())
+
+
 def list_runs(
     conn: Connection,
     *,

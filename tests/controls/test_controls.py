@@ -295,6 +295,7 @@ def test_a_fork_at_a_model_step_reuses_the_steps_before_and_runs_the_rest(
 
     forked = client.fork(source, "model:2", actor="alice")
     assert forked.runs_again == [Again("tool:call_2", "charge", "call_2")]
+    assert forked.asked_again == [Again("approval:call_2", "charge", "call_2")]
     fork = controls.store.get_run(forked.run_id)
     assert forked.run_id != source and fork.thread_id not in (source, before[0]["thread_id"])
     assert fork.metadata["forked_from"] == {"run_id": source, "step": "model:2", "by": "alice"}
@@ -324,9 +325,11 @@ def test_a_fork_at_a_tool_step_runs_the_tool_again_and_refusals_change_nothing(
     client = controls.client
     source = approved_run(controls)
 
-    forked = client.fork(source, "tool:call_2", actor="alice")
+    # The lead keeps the decision made before the fork point, as theirs: not asked again.
+    forked = client.fork(source, "tool:call_2", actor="alice", keep_decisions=True)
     assert forked.runs_again == [Again("tool:call_2", "charge", "call_2")]
-    run = controls.cluster.wait(forked.run_id)  # its decision was before the fork point
+    assert forked.kept_decisions == [Again("approval:call_2", "charge", "call_2")]
+    run = controls.cluster.wait(forked.run_id)
     assert run.status == "completed" and run.output == "Order 42 charged."
     assert ran(forked.run_id) == ["charge", "model"]
     assert [c["status"] for c in controls.store.tool_calls(forked.run_id)] == [

@@ -54,9 +54,9 @@ class Deployment:
         found: str = eventually(ended, what=f"{run_id} to end", context=self.doors.logs)
         return found
 
-    def approved(self, agent: str = "forkable") -> str:
-        """A run of `agent` whose charge was approved, completed."""
-        run_id = self.client.enqueue_run(agent, "go", actor="user-7")
+    def approved(self, agent: str = "forkable", actor: str = "user-7") -> str:
+        """A run of `agent` by `actor` whose charge alice approved, completed."""
+        run_id = self.client.enqueue_run(agent, "go", actor=actor)
         self.doors.wait_status(run_id, "awaiting_approval")
         assert self.client.approve(run_id, "call_2", actor="alice")
         assert self.finished(run_id) == "completed"
@@ -180,11 +180,40 @@ def test_fork_over_http_answers_the_new_run_and_what_runs_again(deployment: Depl
     assert reply.status_code == 201, reply.text
     forked = reply.json()
     assert forked["forked_from"] == source and forked["at"] == "tool:call_2"
-    assert forked["runs_again"] == [{"step": "tool:call_2", "tool": "charge", "call_id": "call_2"}]
+    charge = {"step": "tool:call_2", "tool": "charge", "call_id": "call_2"}
+    assert forked["runs_again"] == [charge]
+    # The charge approved before the fork point is asked again: in the lead's inbox.
+    assert forked["asked_again"] == [{**charge, "step": "approval:call_2"}]
+    assert forked["kept_decisions"] == []
+    deployment.doors.wait_status(forked["run_id"], "awaiting_approval")
+    inbox = api.call("alice", "GET", "/v1/approvals").json()["approvals"]
+    assert [a["call_id"] for a in inbox if a["run_id"] == forked["run_id"]] == ["call_2"]
+    assert ran(forked["run_id"]) == []
+    decide = f"/v1/runs/{forked['run_id']}/approvals/call_2"
+    decided = api.call("alice", "POST", decide, json={"decision": "approve"})
+    assert decided.status_code == 200, decided.text
     assert deployment.finished(forked["run_id"]) == "completed"
+    assert ran(forked["run_id"]) == ["charge", "model"]
     doc = api.call("user-7", "GET", f"/v1/runs/{forked['run_id']}").json()
     assert doc["thread_id"] == forked["thread_id"] and doc["output"] == "Order 42 charged."
     assert doc["controls"][0]["event"] == "run/fork" and doc["controls"][0]["by"] == "backend"
+
+    # A decision is kept only by one who may make it (403, and nothing is written), and
+    # then as theirs.
+    kept = {"at": "tool:call_2", "keep_decisions": True}
+    before = deployment.snapshot(source)
+    says = assert_error(api.call("user-7", "POST", path, json=kept), 403)
+    assert "needs one of the roles lead" in says
+    assert deployment.snapshot(source) == before
+    own = deployment.approved(actor="carol")
+    reply = api.call("carol", "POST", f"/v1/runs/{own}/fork", json=kept)
+    assert reply.status_code == 201, reply.text
+    assert reply.json()["kept_decisions"] == [{**charge, "step": "approval:call_2"}]
+    assert deployment.finished(reply.json()["run_id"]) == "completed"
+    assert ran(reply.json()["run_id"]) == ["charge", "model"]
+    calls = deployment.store.tool_calls(reply.json()["run_id"])
+    [call] = [c for c in calls if c["call_id"] == "call_2"]
+    assert call["decided_by"] == "carol"
 
     fanned = deployment.client.enqueue_run("fanning", "go", actor="user-7")
     assert deployment.finished(fanned) == "completed"
@@ -224,6 +253,7 @@ def test_the_command_line_pauses_resumes_retries_and_forks(deployment: Deploymen
     assert done.returncode == 0, done.stderr
     assert f"forked run {run_id} at model:2" in done.stdout
     assert "runs again: tool:call_2 charge (call call_2)" in done.stdout
+    assert "asked again: charge (call call_2)" in done.stdout
     fork_id = done.stdout.split(": run ", 1)[1].split()[0]
     deployment.doors.wait_status(fork_id, "awaiting_approval")
     assert deployment.client.approve(fork_id, "call_2", actor="alice")
@@ -234,10 +264,18 @@ def test_without_a_broker_the_command_line_forks_any_run_here(deployment: Deploy
     """The inline runner forks a durable run: it replays the durable journal by name."""
     source = deployment.approved()
     inline = {"AGENT_JOBS_BROKER_URL": ""}
-    done = deployment.cli("fork", source, "--at", "tool:call_2", "--json", **inline)
+    refused = deployment.cli(
+        "fork", source, "--at", "tool:call_2", "--keep-decisions", "--actor", "user-7", **inline
+    )
+    assert refused.returncode == 2 and "needs one of the roles lead" in refused.stderr
+    args = ["--keep-decisions", "--actor", "alice", "--json"]
+    done = deployment.cli("fork", source, "--at", "tool:call_2", *args, **inline)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["runs_again"][0]["tool"] == "charge"
+    assert answer["kept_decisions"] == [
+        {"step": "approval:call_2", "tool": "charge", "call_id": "call_2"}
+    ]
     assert answer["run"]["status"] == "completed" and answer["run"]["runner"] == "inline"
     assert ran(answer["run_id"]) == ["charge", "model"]
 

@@ -168,9 +168,11 @@ def test_a_run_is_forked_here_at_a_model_or_a_tool_step(
 
     forked = runner.fork(source, at, actor="alice")
     assert forked.runs_again == [Again("tool:call_2", "charge", "call_2")]
-    if at == "model:2":  # the charge is asked for again
-        inline.wait_status(forked.run_id, "awaiting_approval")
-        assert runner.signal(forked.run_id, "call_2", "approve", actor="alice")
+    # The charge is asked for again: at a tool step too (a fork inherits no decision).
+    assert forked.asked_again == [Again("approval:call_2", "charge", "call_2")]
+    inline.wait_status(forked.run_id, "awaiting_approval")
+    assert ran(forked.run_id) == reran[:-2]
+    assert runner.signal(forked.run_id, "call_2", "approve", actor="alice")
     run = runner.wait(forked.run_id, timeout=TIMEOUT)
     assert run.status == "completed" and run.output == "Order 42 charged."
     assert run.thread_id != inline.store.get_run(source).thread_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import suppress
 from typing import Any
 
 import pytest
@@ -120,6 +121,88 @@ def test_unknown_routes_methods_and_oversized_bodies_answer_in_the_error_shape(
     chunked = stack.call("user-7", "POST", "/v1/runs", content=chunks)
     assert_error(chunked, 411, "LengthRequiredError")
     assert stack.written() == before
+
+
+def post_head(path: str, actor: str | None, **headers: str) -> bytes:
+    """The head of a POST as bytes, with the headers given (underscores as dashes)."""
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    if actor is not None:
+        lines.append(f"Authorization: Bearer {TOKENS[actor]}")
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_a_body_is_not_read_before_its_token_is_checked(stack: Stack) -> None:
+    """Without a token the answer is 401 before a byte of the body is read: the server
+    neither waits for the body nor holds it."""
+    size = 7 * 1024 * 1024  # under the body limit
+    head = post_head("/v1/runs", None, Content_Length=str(size))
+    status, said = stack.api.raw(head)  # the body is never sent: no wait for it
+    assert status == 401 and json.loads(said)["type"] == "AuthenticationError"
+
+    before = stack.written()
+    baseline = stack.api.peak_memory(reset=True)
+    body = json.dumps({"agent": "chat", "input": "x", "metadata": {"pad": "y" * size}})
+    head = post_head("/v1/runs", None, Content_Length=str(len(body)))
+    with suppress(OSError):  # the server answers and closes while the body is sent
+        stack.api.raw(head, body.encode())
+    grown = stack.api.peak_memory() - baseline
+    assert grown < len(body) / 4, f"serve grew by {grown} bytes for a {len(body)}-byte body"
+    assert stack.written() == before
+
+
+def test_a_body_with_both_a_length_and_chunks_is_refused_unread(stack: Stack) -> None:
+    """`Content-Length: 5` beside chunks once let an unbounded chunked body through."""
+    before = stack.written()
+    head = post_head("/v1/runs", "user-7", Content_Length="5", Transfer_Encoding="chunked")
+    status, said = stack.api.raw(head)
+    assert status == 400 and "not in chunks as well" in json.loads(said)["error"]
+    assert stack.written() == before
+
+
+def test_a_body_holds_a_bounded_number_of_values_and_depth(stack: Stack) -> None:
+    before = stack.written()
+    baseline = stack.api.peak_memory(reset=True)
+    many = {"agent": "chat", "input": "x", "metadata": {f"k{n}": 0 for n in range(200_000)}}
+    reply = stack.call("user-7", "POST", "/v1/runs", json=many)
+    assert "more than 10000 JSON values" in assert_error(reply, 413, "PayloadTooLargeError")
+    size = len(json.dumps(many))
+    grown = stack.api.peak_memory() - baseline
+    assert grown < 4 * size, f"serve grew by {grown} bytes for a {size}-byte body"
+    deep: Any = "bottom"
+    for _ in range(40):
+        deep = [deep]
+    reply = stack.call(
+        "user-7", "POST", "/v1/runs", json={"agent": "chat", "input": "x", "metadata": {"d": deep}}
+    )
+    assert "nests deeper than 32" in assert_error(reply, 413, "PayloadTooLargeError")
+    assert stack.written() == before
+    # The largest input a run may have, all of it escaped in JSON, is still taken.
+    largest = {"agent": "chat", "input": "\u2603" * 1_000_000}
+    reply = stack.call("user-7", "POST", "/v1/runs", json=largest)
+    assert reply.status_code == 201, reply.text
+
+
+def test_a_nul_in_a_run_or_a_message_is_refused_naming_the_field(stack: Stack) -> None:
+    """A NUL (U+0000) was a 500 on Postgres, and the log then held the statement with the
+    request's data as its parameters."""
+    canary = "nul-canary-" + TOKENS["eve"][-8:]
+    run_id, _ = parked(stack)
+    before = stack.written()
+    for body, field in [
+        ({"input": f"{canary}\u0000"}, "input"),
+        ({"input": "x", "metadata": {f"{canary}\u0000": 1}}, "metadata"),
+        ({"input": "x", "metadata": {"k": [f"{canary}\u0000"]}}, "metadata"),
+    ]:
+        reply = stack.call("user-7", "POST", "/v1/runs", json={"agent": "chat", **body})
+        said = assert_error(reply, 422, "InvalidRequestError")
+        assert f"{field}: " in said and "NUL" in said
+    message = {"text": f"{canary}\u0000"}
+    reply = stack.call("user-7", "POST", f"/v1/runs/{run_id}/messages", json=message)
+    assert "NUL" in assert_error(reply, 422, "InvalidRequestError")
+    assert stack.written() == before
+    assert canary not in stack.api.proc.log_path.read_text(errors="replace")
+    stack.call("user-7", "POST", f"/v1/runs/{run_id}/cancel", json={})
 
 
 # --- starting runs ----------------------------------------------------------------------------
@@ -238,6 +321,7 @@ def test_an_approval_through_the_api_releases_the_durable_run(stack: Stack) -> N
         "requested_at": listed["requested_at"],
         "deadline": None,  # the tool has no approval_timeout
         "escalated": False,
+        "then": None,
     }
     # Only those whose roles may decide it see it.
     assert stack.pending("carol", run_id) and not stack.pending("user-7", run_id)
@@ -324,6 +408,8 @@ def test_questions_are_answered_through_the_api(stack: Stack) -> None:
     assert_error(
         stack.call("user-7", "POST", path, json={"answers": {"q1": "Tuesday", "q2": 2}}), 422
     )
+    long_answer = {"answers": {"q1": "T" * 10_001, "q2": "Morning"}}
+    assert_error(stack.call("user-7", "POST", path, json=long_answer), 422)
     assert_error(
         stack.call(
             "user-7", "POST", f"/v1/runs/{run_id}/answers/nope", json={"answers": {"q1": "x"}}

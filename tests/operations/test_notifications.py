@@ -49,7 +49,7 @@ from tests.support import apps
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.services import own_database, truncate_all
 from tests.support.waiting import eventually
-from tests.support.workers import ROOT, service_env, worker
+from tests.support.workers import ROOT, Process, service_env, start_worker, worker
 
 SECRET = "webhook-secret-for-the-tests"
 
@@ -194,6 +194,7 @@ class Got:
     headers: dict[str, str]
     body: bytes
     status: int
+    path: str = ""
 
     @property
     def event(self) -> dict[str, Any]:
@@ -210,8 +211,14 @@ class Receiver:
     """A webhook receiver on `port`: answers each POST with the next of `answers`, then
     200; records every request with its raw body."""
 
-    def __init__(self, port: int | None = None, answers: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        answers: tuple[int, ...] = (),
+        path: str = "/hooks/secret-path",
+    ) -> None:
         self.port = port or free_port()
+        self.path = path
         self.answers = list(answers)
         self.got: list[Got] = []
         self._lock = threading.Lock()
@@ -219,7 +226,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hooks/secret-path"
+        return f"http://127.0.0.1:{self.port}{self.path}"
 
     def start(self) -> Receiver:
         receiver = self
@@ -229,7 +236,8 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with receiver._lock:
                     status = receiver.answers.pop(0) if receiver.answers else 200
-                    receiver.got.append(Got(time.monotonic(), dict(self.headers), body, status))
+                    got = Got(time.monotonic(), dict(self.headers), body, status, self.path)
+                    receiver.got.append(got)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -783,3 +791,61 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# --- the webhook's URL in the logs -------------------------------------------------------
+
+
+@pytest.mark.parametrize("sender", ["worker", "listener", "serve"])
+def test_no_process_that_sends_logs_the_webhooks_path_or_query(
+    sender: str, notify_redis: RedisServer
+) -> None:
+    """A receiver's secret is often in its URL's path or query (Slack-, Teams- and
+    Discord-style): httpx logged the whole URL at INFO on every delivery."""
+    canary = f"canary{uuid.uuid4().hex[:12]}"
+    hook = Receiver(path=f"/hooks/{canary}-path?token={canary}-query").start()
+    try:
+        with own_database("agent_jobs_notify_log") as url:
+            store = Store.from_url(url)
+            try:
+                [(event_id, _)] = write_notifications(store, 1, 1)
+            finally:
+                store.engine.dispose()
+            env = service_env(
+                notify_redis.url(15),
+                url,
+                AGENT_JOBS_WEBHOOK_URL=hook.url,
+                AGENT_JOBS_WEBHOOK_SECRET=SECRET,
+                AGENT_JOBS_NOTIFY_POLL_INTERVAL="0.2",
+                AGENT_JOBS_LOG_LEVEL="DEBUG",
+            )
+            proc = started(sender, env)
+            try:
+                eventually(
+                    lambda: event_id in {g.event["event_id"] for g in hook.delivered()},
+                    what=f"the {sender} to deliver the notification",
+                    context=proc.log,
+                )
+                assert hook.delivered()[0].path == hook.path  # it went to the secret URL
+                logs = proc.log()
+                assert "HTTP Request: POST http://127.0.0.1" in logs  # httpx logged it…
+                assert canary not in logs  # …with neither its path nor its query
+            finally:
+                proc.stop()
+    finally:
+        hook.stop()
+
+
+def started(sender: str, env: dict[str, str]) -> Process:
+    """A process of the kind `sender`, as its users start it, at log level DEBUG."""
+    from tests.support.serve import ApiServer, api_env
+
+    if sender == "worker":
+        return start_worker(env, concurrency=1, name="notify-log-worker")
+    if sender == "listener":
+        args = [sys.executable, "-m", "agent_jobs.cli", "approvals", "listen"]
+        signed = {**env, "AGENT_JOBS_APPROVAL_SECRET": "listener-secret-for-the-test"}
+        return Process(args, signed, "notify-log-listener").start(ready="listening on channel")
+    server = ApiServer(api_env({**env, "AGENT_JOBS_BROKER_URL": ""}), "notify-log-serve")
+    server.start()
+    return server.proc

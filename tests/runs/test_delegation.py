@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from agent_jobs.errors import DecisionRefusedError
 from tests.support.apps import executed
 from tests.support.harness import Harness
 from tests.support.waiting import eventually
@@ -72,6 +75,10 @@ def test_a_question_is_asked_and_answered(harness: Harness) -> None:
     [open_question] = harness.store.open_questions(run_id)
     assert open_question["request_id"] == question["request_id"]
     assert parked.waiting_on == f"awaiting_answers schedule {question['request_id']}"
+    too_long = {"q1": "F" * 10_001}  # an answer has a bound, as a decision's reason has
+    with pytest.raises(DecisionRefusedError, match="at most 10000 characters"):
+        harness.client.answer(run_id, question["request_id"], too_long, actor="bob")
+    assert harness.store.open_questions(run_id) == [open_question]
     answered = harness.client.answer(run_id, question["request_id"], {"q1": "Friday"}, actor="bob")
     assert answered
     assert not harness.client.answer(run_id, question["request_id"], {"q1": "Monday"}, actor="x")

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from agent_jobs import InlineRunner, RunView, Store
 from agent_jobs.client import Client
+from agent_jobs.controls import Forked
 from agent_jobs.streams.base import Frame
 from agent_jobs.streams.redis_streams import RedisStreams
 
@@ -52,6 +53,9 @@ class Harness:
         raise NotImplementedError
 
     def frames(self, run_id: str) -> list[Frame]:
+        raise NotImplementedError
+
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
         raise NotImplementedError
 
     def wait(self, run_id: str, timeout: float | None = None) -> RunView:
@@ -103,6 +107,9 @@ class InlineHarness(Harness):
     def frames(self, run_id: str) -> list[Frame]:
         return list(self.runner.frames(run_id))
 
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
+        return self.runner.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
+
     def frames_live(self, run_id: str) -> Iterator[Frame]:
         return self.runner.frames(run_id)
 
@@ -135,6 +142,9 @@ class DurableHarness(Harness):
 
     def frames(self, run_id: str) -> list[Frame]:
         return [frame for _, frame in self.streams.read(run_id, block=5)]
+
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
+        return self.client.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     def frames_live(self, run_id: str) -> Iterator[Frame]:
         return (frame for _, frame in self.streams.read(run_id, block=TIMEOUT))

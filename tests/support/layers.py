@@ -51,6 +51,7 @@ MODULES: dict[str, str] = {
     "tests/doors/test_doors_e2e.py": "workers",
     "tests/doors/test_enqueue.py": "workers",
     "tests/doors/test_http_api.py": "workers",
+    "tests/doors/test_http_connections.py": "workers",
     "tests/doors/test_http_streams.py": "workers",
     "tests/doors/test_http_serve.py": "workers",
     "tests/doors/test_http_inline.py": "workers",
@@ -79,6 +80,8 @@ MODULES: dict[str, str] = {
     "test_a_database_password_with_url_characters_reaches_postgres_intact": "services",
     "tests/operations/test_notifications.py::"
     "test_a_worker_with_a_webhook_but_no_secret_stops_at_start": "workers",
+    "tests/operations/test_notifications.py::"
+    "test_no_process_that_sends_logs_the_webhooks_path_or_query": "workers",
     "tests/runs/test_tools.py::test_a_worker_loads_the_app_from_its_working_directory": "workers",
     # processes: the CLI on the embedded default, a fresh interpreter, compose's commands
     "tests/doors/test_cli.py": "processes",

@@ -70,6 +70,43 @@ class ApiServer:
         assert self.proc.proc is not None
         return self.proc.proc.pid
 
+    def raw(self, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+        """Send a request as bytes (its head, then `body` if any) on a connection of its
+        own and read the answer to the end: (status, its body). The answer is read after
+        the head is sent, so a server that answers without waiting for the body is
+        seen to (one that waits for a body never sent times the read out)."""
+        from tests.support.waiting import TIMEOUT
+
+        with socket.create_connection(("127.0.0.1", self.port), timeout=TIMEOUT) as conn:
+            conn.sendall(head)
+            if body:
+                conn.sendall(body)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                got = conn.recv(65536)
+                if not got:
+                    break
+                answer += got
+            header, _, rest = answer.partition(b"\r\n\r\n")
+            fields = dict(line.split(b":", 1) for line in header.split(b"\r\n")[1:] if b":" in line)
+            length = int(fields.get(b"content-length", b"0").strip() or 0)
+            while len(rest) < length:
+                got = conn.recv(65536)
+                if not got:
+                    break
+                rest += got
+        return int(header.split(b" ", 2)[1]), rest
+
+    def peak_memory(self, reset: bool = False) -> int:
+        """The server's peak resident memory in bytes (`VmHWM`), since it started or since
+        it was last `reset` (writing 5 to its clear_refs: root, as CI runs)."""
+        if reset:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmHWM in /proc/{self.pid}/status")
+
     def threads(self) -> int:
         """The server process's threads, as the kernel counts them."""
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

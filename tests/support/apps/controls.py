@@ -22,6 +22,7 @@ app = AgentApp(
     roles={
         "user-7": ["support"],
         "alice": ["lead"],
+        "carol": ["support", "lead"],  # runs charges and may decide them
         "backend": ["service"],
         "eve": [],
     }
