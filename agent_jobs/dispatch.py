@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -72,11 +73,14 @@ def routing_config(queue: str | None = None) -> dict[str, Any]:
 # which Flower's search finds (`kwargs:run_id=…`). Display only: a worker acts on the
 # message's real arguments.
 
-SHORT_RUN_ID = 16  # longer run ids are cut to their first 8 characters
+# A generated id (a UUID, with or without its dashes) is told apart by its first 8
+# characters; an id someone chose (`ticket-2026-0417`, up to 64 characters) is shown
+# whole: ids of one kind often share a long prefix.
+_GENERATED = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 
 
 def short_run_id(run_id: str) -> str:
-    return run_id if len(run_id) <= SHORT_RUN_ID else run_id[:8] + "…"
+    return run_id[:8] + "…" if _GENERATED.fullmatch(run_id) else run_id
 
 
 def run_label(head: str, run_id: str | None) -> str:

@@ -132,19 +132,19 @@ def context_for_run(run_id: str, agent: str, inherited: Mapping[str, str] | None
 @contextlib.contextmanager
 def extracted(headers: Mapping[str, Any] | None) -> Iterator[None]:
     """Make the trace context in `headers` (W3C `traceparent`, `tracestate`) current for
-    the block: a run created inside keeps it. Nothing while tracing is off, or when the
-    headers hold none (or a malformed one)."""
-    if _tracer is None or not headers:
+    the block: a run created inside keeps it. When the headers hold none (or a malformed
+    one), no context is current in the block: the span of the server's or the worker's
+    own request (an HTTP framework's, Celery's, put there by an instrumentation) is not
+    the caller's, and a run created inside gets a root span `run` of its own. Nothing
+    while tracing is off."""
+    if _tracer is None:
         yield
         return
-    given = {k: v for k in KEPT if isinstance(v := headers.get(k), str)}
+    given = {k: v for k in KEPT if isinstance(v := (headers or {}).get(k), str)}
     kept = _kept(given)
-    if kept is None:
-        yield
-        return
     from opentelemetry import context as otel_context
 
-    token = otel_context.attach(_w3c().extract(kept))
+    token = otel_context.attach(_w3c().extract(kept) if kept is not None else _empty())
     try:
         yield
     finally:

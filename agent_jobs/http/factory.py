@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
@@ -23,6 +25,17 @@ Every route but `GET /healthz` (and the inbox page `GET /`) takes
 `{"error": "<what to fix>", "type": "<ErrorType>"}`."""
 
 
+def _no_request_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry (newer releases) off: with a tracer provider set up
+    (`AGENT_JOBS_OTEL`), it made a trace of every request, health probes included, and
+    put a run asked for with no trace context under its request span. The server's
+    traces are its runs' (docs/operating.md, "Traces"); its metrics are Prometheus'."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    off = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
+    return {"telemetry": off}
+
+
 def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] = ()) -> FastAPI:
     """The app serving `door`. More routes (`routers`) are added after the API's own.
 
@@ -39,6 +52,7 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
         door.close()
 
     app = FastAPI(
+        **_no_request_telemetry(),
         title="agent-jobs",
         version=page.package_version(),
         description=DESCRIPTION,

@@ -37,6 +37,7 @@ from .errors import (
     ConflictError,
     ErrorBody,
     PermissionDeniedError,
+    ServiceUnavailableError,
 )
 from .state import Release, ServerState, server
 
@@ -190,6 +191,9 @@ async def stream(
     resume = last_event_id or after  # a reconnecting client's header wins over the URL
     if resume is not None and not door.entry_id.fullmatch(resume):
         raise InvalidRequestError(f"invalid request: {resume!r} is not an entry id")
+    # Before the answer begins, while it can still be an error: a stream that cannot be
+    # read would otherwise be an empty 200, the same as one that is over.
+    await run_in_threadpool(_reachable, door)
     release = state.slots.claim(caller.actor)
     events = _frames(state, run.root_run_id, resume, release)
     return StreamingResponse(
@@ -198,6 +202,16 @@ async def stream(
         headers=sse.HEADERS,
         background=BackgroundTask(release.at_the_end),
     )
+
+
+def _reachable(door: Door) -> None:
+    try:
+        door.streams.ping()
+    except REDIS_ERRORS as exc:
+        raise ServiceUnavailableError(
+            f"the run's live frames cannot be read: Redis does not answer ({exc}); try "
+            "again shortly (GET /v1/runs/<run_id> says where the run stands)"
+        ) from None
 
 
 async def _frames(
@@ -226,8 +240,14 @@ async def _frames(
                 if timed:
                     metrics.observe_stream_lag(entry_id)
     except (*DATABASE_ERRORS, *REDIS_ERRORS) as exc:
-        # The answer has begun: no error body can follow. The response ends, and the
+        # The answer has begun: no error body can follow. It ends with an `error` event
+        # that says why (never silently, as if the run's stream were over), and the
         # client comes back with the last id it saw once the service answers again.
         log.warning("run %s: its stream stopped: %s", stream_id, exc)
+        yield sse.failure(
+            f"the run's live frames could not be read on ({type(exc).__name__}): "
+            "reconnect with the last event id you saw once the service answers",
+            ServiceUnavailableError.__name__,
+        )
     finally:
         release()

@@ -36,6 +36,13 @@ def event(data: Any, *, id: str | None = None) -> bytes:
     return f"{head}data: {body}\n\n".encode()
 
 
+def failure(message: str, kind: str) -> bytes:
+    """An event named `error` (not a frame: a frame is a default event) saying why the
+    stream stops before its end, in the error shape: `{"error", "type"}`."""
+    body = json.dumps({"error": message, "type": kind}, ensure_ascii=False)
+    return f"event: error\ndata: {body}\n\n".encode()
+
+
 async def from_thread(
     produce: Callable[[threading.Event], Iterator[T]], *, keepalive: float
 ) -> AsyncIterator[T | None]:

@@ -163,6 +163,11 @@ class Store:
             row = questions.get(conn, run_id, request_id)
         return dict(row._mapping) if row is not None else None
 
+    def said_with(self, run_id: str, call_ids: set[str]) -> dict[str, str]:
+        """What the model wrote in the reply that made each call, by call id."""
+        with self.connect() as conn:
+            return toolcalls.said_with(conn, run_id, call_ids)
+
     def pending_calls(self, run_id: str | None = None) -> list[dict[str, Any]]:
         with self.connect() as conn:
             return [dict(row._mapping) for row in toolcalls.pending_calls(conn, run_id=run_id)]

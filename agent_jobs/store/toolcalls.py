@@ -174,7 +174,7 @@ def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Ro
     for its decision any more: it is not listed.
     """
     query = (
-        select(tool_calls, runs.c.actor, runs.c.agent)
+        select(tool_calls, runs.c.actor, runs.c.agent, runs.c.input)
         .join(runs, runs.c.id == tool_calls.c.run_id)
         .where(tool_calls.c.status == "pending_approval", runs.c.status.not_in(TERMINAL))
         .order_by(tool_calls.c.created_at)
@@ -182,6 +182,21 @@ def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Ro
     if run_id is not None:
         query = query.where(tool_calls.c.run_id == run_id)
     return conn.execute(query).all()
+
+
+def said_with(conn: Connection, run_id: str, call_ids: set[str]) -> dict[str, str]:
+    """What the model wrote in the reply that made each of `call_ids` (the text of its
+    assistant message, before the calls), by call id."""
+    query = select(messages.c.content, messages.c.tool_calls).where(
+        messages.c.run_id == run_id, messages.c.role == "assistant"
+    )
+    found: dict[str, str] = {}
+    for content, calls in conn.execute(query).all():
+        for call in calls or []:
+            call_id = call.get("id") if isinstance(call, dict) else None
+            if call_id in call_ids:
+                found[call_id] = content
+    return found
 
 
 # --- approval deadlines (approvals/deadlines.py) ---------------------------------------------

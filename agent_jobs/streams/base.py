@@ -46,6 +46,10 @@ class StreamBackend(Protocol):
         """The run is over: no more frames will come."""
         ...
 
+    def ping(self) -> None:
+        """Raise if the streams cannot be read now (their server does not answer)."""
+        ...
+
     def read(
         self, stream_id: str, after: str | None = None, *, block: float | None = None
     ) -> Iterator[tuple[str, Frame]]:
@@ -86,6 +90,9 @@ class MemoryStreams:
     def append_many(self, stream_id: str, frames: list[Frame]) -> None:
         for frame in frames:
             self.append(stream_id, frame)
+
+    def ping(self) -> None:
+        """This process's memory always answers."""
 
     def end(self, stream_id: str) -> None:
         stream = self._get(stream_id)

@@ -58,6 +58,9 @@ class RedisStreams:
             return ""
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
+    def ping(self) -> None:
+        self.client.ping()
+
     def append_many(self, stream_id: str, frames: list[Frame]) -> None:
         if not self._writable():
             return

@@ -318,6 +318,9 @@ def test_an_approval_through_the_api_releases_the_durable_run(stack: Stack) -> N
         "args_sha256": request["args_sha256"],
         "actor": "user-7",
         "agent": "support",
+        "input": f"refund {MARKUP}",
+        "input_cut": False,
+        "said": "Refunding. ",
         "requested_at": listed["requested_at"],
         "deadline": None,  # the tool has no approval_timeout
         "escalated": False,
@@ -425,6 +428,19 @@ def test_questions_are_answered_through_the_api(stack: Stack) -> None:
     assert assert_error(stack.call("backend", "POST", path, json=answers), 409)
     results = [c["result"] for c in stack.doors.store.tool_calls(run_id)]
     assert results == ["a call booked for Tuesday (Morning)"]
+
+
+def test_an_approval_says_what_the_run_was_asked_and_what_the_model_said(
+    stack: Stack,
+) -> None:
+    """An approver could not judge a refund from the tool and its arguments alone."""
+    run_id, call_id = parked(stack, text=f"please refund {MARKUP}")
+    [item] = stack.pending("alice", run_id)
+    assert item["call_id"] == call_id and item["agent"] == "support"
+    assert item["input"] == f"please refund {MARKUP}" and item["input_cut"] is False
+    assert item["said"].strip() == "Refunding."
+    assert item["then"] is None  # the tool has no deadline
+    stack.call("user-7", "POST", f"/v1/runs/{run_id}/cancel", json={})
 
 
 def test_messages_steer_a_run_its_actor_owns(stack: Stack) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -173,5 +174,27 @@ def test_without_a_broker_an_actor_has_a_bounded_number_of_runs_going(tmp_path: 
                 what="the cancelled run to end",
             )
             assert user.post("/v1/runs", json=body).status_code == 201
+    finally:
+        server.proc.stop()
+
+
+def test_serve_traces_runs_not_requests_and_no_health_probe(tmp_path: Path) -> None:
+    """A health probe makes no trace, and a run asked for with no trace context is a
+    root `run` of its own (the guide's promise), whatever else the server does."""
+    server = serve(tmp_path, "serve-traces", AGENT_JOBS_OTEL="1", OTEL_TRACES_EXPORTER="console")
+    try:
+        for _ in range(5):
+            assert server.healthy()
+        with server.client("user-7") as client:
+            started = client.post("/v1/runs", json={"agent": "chat", "input": "hi"})
+        assert started.status_code == 201, started.text
+        run_id = started.json()["run_id"]
+        spans = lambda: server.proc.log()  # noqa: E731 (console exporter: JSON per span)
+        eventually(lambda: f'"agent_jobs.run_id": "{run_id}"' in spans(), what="the run's spans")
+        said = spans()
+        names = re.findall(r'^    "name": "([^"]+)"', said, re.M)  # each span's, not its events'
+        assert "run" in names and not [n for n in names if "/" in n or "healthz" in n], names
+        roots = re.findall(r'"name": "run",.*?"parent_id": (\w+)', said, re.S)
+        assert roots == ["null"], said[-3000:]
     finally:
         server.proc.stop()

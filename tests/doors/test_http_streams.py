@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from agent_jobs.settings import Settings
 from tests.support.apps.http import ANSWER
 from tests.support.doors import wait_for
+from tests.support.redis_server import RedisServer
 from tests.support.serve import Event, Stack, assert_error, events, open_stack
 
 STREAM_BROKER_DB = 14
@@ -163,3 +165,34 @@ def test_stream_refusals(stack: Stack) -> None:
     bad = stack.call("user-7", "GET", f"/v1/runs/{run_id}/stream?after=1-2-3")
     assert_error(bad, 422, "InvalidRequestError")
     assert_error(stack.call(None, "GET", f"/v1/runs/{run_id}/stream"), 401)
+
+
+def test_with_redis_down_a_stream_is_503_before_it_begins_and_says_so_after(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """It was a 200 that ended at once with no frame: a client could not tell an outage
+    from a stream that is over, and an EventSource asked again every second."""
+    server = RedisServer().start()
+    try:
+        with open_stack(pg_url, server.url(0), 0, tmp_path, "serve-sse-outage") as stack:
+            run_id = stack.start("user-7")  # a refund that waits for a lead
+            stack.doors.wait_status(run_id, "awaiting_approval")
+            with stack.stream("user-7", f"/v1/runs/{run_id}/stream") as reply:
+                seen: list[Event] = []
+                for event in events(reply):
+                    seen.append(event)
+                    if event.data and event.frame.get("type") == "approval_request":
+                        server.stop()  # while the stream follows the waiting run
+                last = seen[-1]
+            assert last.name == "error" and last.id is None, seen[-3:]
+            assert json.loads(last.data or "")["type"] == "ServiceUnavailableError"
+            for _ in range(2):  # no stream begins while Redis does not answer
+                said = assert_error(
+                    stack.call("user-7", "GET", f"/v1/runs/{run_id}/stream"),
+                    503,
+                    "ServiceUnavailableError",
+                )
+                assert "Redis does not answer" in said
+            server.start()  # back (empty), for the stack to close on
+    finally:
+        server.close()

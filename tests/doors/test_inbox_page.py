@@ -64,6 +64,12 @@ def test_approve_a_refund_from_the_inbox_and_the_durable_run_completes(
     args = item.locator("pre.args").text_content()
     # A bidi override shows as its escape: it cannot reorder what the approver reads.
     assert f'"note": "please refund \\u202e{MARKUP}"' in args
+    # What the approver judges the call by: the agent, what the run was asked, and what
+    # the model said when it asked (all as text).
+    assert item.locator(".context .meta").text_content() == "agent support"
+    asked = item.locator("blockquote.input").text_content() or ""
+    assert asked == f"please refund \\u202e{MARKUP}"
+    assert (item.locator("blockquote.said").text_content() or "").strip() == "Refunding."
     assert page.locator("#approvals img").count() == 0
     assert page.locator("img").count() == 0
     screenshot(page, "inbox-pending-refund")

@@ -319,3 +319,22 @@ def test_the_api_is_published_on_the_hosts_loopback_only_with_tokens_from_the_en
     assert not any("TOKEN" in arg for arg in api["command"])
     holders = [s for s, key, _ in environment_values() if key == "AGENT_JOBS_API_TOKENS"]
     assert holders == ["api"]
+
+
+def test_the_documented_exports_give_every_variable_compose_requires() -> None:
+    """`docker compose up -d` as the guide gives it once failed: the api service needs
+    AGENT_JOBS_API_TOKENS, which neither the guide's export line nor the file's header
+    listed. Compose refuses to start while a `${NAME:?…}` is unset or empty."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    required = {m.group("name") for m in INTERPOLATION.finditer(text) if m.group("op") == ":?"}
+    page = (ROOT / "docs" / "operating.md").read_text()
+    [block] = [b for b in re.findall(r"```sh\n(.*?)```", page, re.S) if "compose up -d" in b]
+    exported: dict[str, str] = {}
+    for line in block.splitlines():
+        if line.startswith("export "):
+            for word in shlex.split(line)[1:]:
+                name, _, value = word.partition("=")
+                exported[name] = value
+    assert {name for name in required if exported.get(name)} == required, exported
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert all(name in header for name in required), sorted(required)

@@ -32,6 +32,8 @@ from agent_jobs.dispatch import (
     SWEEP,
     CeleryDispatcher,
     celery_client,
+    short_run_id,
+    step_label,
     step_reprs,
 )
 from agent_jobs.settings import Settings
@@ -357,6 +359,19 @@ def test_celerys_own_log_lines_still_name_the_run_and_step() -> None:
     record.data = {"id": "t-1", "name": MODEL_TURN, "args": argsrepr, "kwargs": kwargsrepr}
     line = json.loads(JsonFormatter().format(record))
     assert (line["run_id"], line["step"], line["task_id"]) == ("6b79ab12cd34ef56", "model:2", "t-1")
+
+
+@pytest.mark.unit
+def test_a_run_id_someone_chose_is_shown_whole_and_a_generated_one_cut() -> None:
+    """Ids with a shared prefix (`ticket-2026-…`) were cut to 8 characters and looked
+    alike."""
+    chosen = ["ticket-2026-0417-refund", "ticket-2026-0418-refund", "x" * 64]
+    assert [short_run_id(r) for r in chosen] == chosen
+    generated = ["6b79ab12cd34ef5678901234567890ab", "6b79ab12-cd34-4f56-8901-234567890abc"]
+    assert [short_run_id(r) for r in generated] == ["6b79ab12…", "6b79ab12…"]
+    assert step_label("agent_jobs.model_turn", chosen[0], "model:2") == (
+        "model:2 · run ticket-2026-0417-refund"
+    )
 
 
 def test_the_worker_shows_a_tasks_real_arguments_whoever_sent_it() -> None:

@@ -141,6 +141,7 @@ class Event:
     id: str | None = None
     data: str | None = None
     comment: str | None = None
+    name: str | None = None  # `event:`, when it has one (a frame has none)
 
     @property
     def frame(self) -> dict[str, Any]:
@@ -166,6 +167,8 @@ def events(response: httpx.Response) -> Iterator[Event]:
             value = value[1:] if value.startswith(" ") else value
             if field == "id":
                 current.id = value
+            elif field == "event":
+                current.name = value
             elif field == "data":
                 current.data = value if current.data is None else current.data + "\n" + value
 

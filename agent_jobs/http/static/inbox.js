@@ -219,13 +219,20 @@
     node.dataset.run = item.run_id;
     node.dataset.call = item.call_id;
     node.append(...heading(item, "call " + item.call_id));
+    // What the approver judges the call by: the agent, what the run was asked, and what
+    // the model said when it made the call (as text, never markup).
+    const context = el("div", "context");
+    context.append(el("div", "meta", "agent " + item.agent));
+    context.append(el("div", "label", "Asked"), el("blockquote", "input", item.input + (item.input_cut ? " …" : ""), "\n"));
+    if (item.said) context.append(el("div", "label", "The model said"), el("blockquote", "said", item.said, "\n"));
+    node.append(context);
     if (item.deadline || item.escalated) {
       const due = el("div", "meta due");
       if (item.escalated) due.append(el("strong", "escalated", "escalated"), " · ");
       if (item.deadline) {
         const at = el("time", "deadline", "decide by " + new Date(item.deadline).toLocaleString());
         at.dateTime = item.deadline;
-        due.append(at, " (then the tool's on_timeout applies)");
+        due.append(at, " (then it is " + item.then + ")");
       }
       node.append(due);
     }
@@ -270,8 +277,15 @@
       return;
     }
     if (!response.ok) {
-      outcome.textContent = visible(await problem(response));
-      if (response.status !== 409) for (const button of buttons) button.disabled = false;
+      const said = visible(await problem(response));
+      outcome.textContent = said;
+      if (response.status !== 409) {
+        for (const button of buttons) button.disabled = false;
+        return;
+      }
+      // Decided by someone else first: the item leaves the list, what became of it stays.
+      log("Not recorded: " + item.tool + " (" + item.call_id + ") of run " + item.run_id + ": " + said);
+      refresh();
       return;
     }
     const verb = decision === "approve" ? "Approved" : "Rejected";
