@@ -16,7 +16,7 @@ COPY tasks ./tasks
 # OpenTelemetry traces, each off until its settings turn it on. Flower's config file,
 # installed with the package, at a path that does not change with Python's version:
 # `celery -A tasks flower --conf=/etc/agent-jobs/flowerconfig.py`.
-RUN pip install '.[api,metrics,otel]' \
+RUN pip install '.[api,metrics,otel,openai,anthropic]' \
     && mkdir -p /etc/agent-jobs \
     && ln -s "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/tasks/flowerconfig.py" \
         /etc/agent-jobs/flowerconfig.py \

@@ -83,6 +83,16 @@ class RolesPolicy:
             return frozenset(self._roles(actor))
         return frozenset(self._roles.get(actor, ()))
 
+    def holders(self, roles: Iterable[str]) -> list[str] | None:
+        """The actors that hold one of `roles`, when the policy is a table; None when it is
+        a function (who holds a role cannot be listed)."""
+        if self._roles is None:
+            return []
+        if callable(self._roles):
+            return None
+        wanted = set(roles)
+        return sorted(actor for actor, held in self._roles.items() if wanted & set(held))
+
     def may_use(self, tool: Tool, actor: str) -> bool:
         return tool.roles is None or bool(tool.roles & self.roles_of(actor))
 

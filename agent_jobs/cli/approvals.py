@@ -12,7 +12,7 @@ import redis
 from .. import client
 from ..approvals.listener import ApprovalsListener, ListenerSettings
 from ..logs import LogFormat, configure_logging
-from .common import fail, handle_errors, out, print_json, settings, store
+from .common import EXIT_ALREADY_DECIDED, fail, handle_errors, out, print_json, settings, store
 from .text import json_text, visible
 
 
@@ -25,10 +25,14 @@ def _decide(
 ) -> None:
     recorded = client.decide(run_id, call_id, decision, actor=actor, reason=reason)
     verb = "approved" if decision == "approve" else "rejected"
-    if recorded:
-        out.print(visible(f"{verb} {call_id} of run {run_id}"))
-    else:
-        out.print(visible(f"{call_id} of run {run_id} was already decided; nothing changed"))
+    if not recorded:  # a script must tell a late decision from one that counted
+        calls = [c for c in store().tool_calls(run_id) if c["call_id"] == call_id]
+        by = f" by {calls[0]['decided_by']}" if calls and calls[0]["decided_by"] else ""
+        fail(
+            f"{call_id} of run {run_id} was already decided{by}; nothing changed",
+            EXIT_ALREADY_DECIDED,
+        )
+    out.print(visible(f"{verb} {call_id} of run {run_id}"))
 
 
 @click.command()

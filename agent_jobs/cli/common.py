@@ -45,6 +45,7 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_WAITING = 4
 EXIT_UNAVAILABLE = 5
+EXIT_ALREADY_DECIDED = 6  # a decision or answers came after the first: nothing changed
 
 DATABASE_ERRORS: tuple[type[Exception], ...] = (
     sqlalchemy.exc.OperationalError,
@@ -192,6 +193,21 @@ def store() -> Store:
 
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+def agent_named(agent: str | None) -> str:
+    """The agent `--agent` names; without it, the app's only agent, or `support` (the
+    demo's) among several; else `InvalidRequestError` listing them."""
+    if agent is not None:
+        return agent
+    names = list(app().agents)
+    if len(names) == 1:
+        return names[0]
+    if "support" in names:
+        return "support"
+    raise InvalidRequestError(
+        f"this app defines several agents ({', '.join(names)}): name one with --agent"
+    )
 
 
 def durable_client() -> Client:

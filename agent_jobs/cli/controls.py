@@ -162,7 +162,7 @@ def _drive_here(runner: InlineRunner, run_id: str, *, quiet: bool) -> RunView:
 
     def on_approval(frame: Frame) -> None:
         if (call := waiting.call(frame)) is not None and call.waiting:
-            tell_how_to_decide(call)
+            tell_how_to_decide(call, None, runner.app)
 
     def on_question(frame: Frame) -> None:
         if (asked := waiting.question(frame)) is not None and not asked.answered:

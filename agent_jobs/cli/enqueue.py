@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from ..admission import IfBusy
-from .common import durable_client, fail, handle_errors, print_json
+from ..runs import RunRequest
+from .common import agent_named, durable_client, fail, handle_errors, print_json
 
 IF_BUSY = click.option(
     "--if-busy",
@@ -17,8 +18,6 @@ IF_BUSY = click.option(
     show_default=True,
     help="On a thread whose turn has not ended: run after it, refuse, or cancel it.",
 )
-
-DEFAULT_AGENT = "support"
 
 
 def _metadata(text: str | None) -> dict[str, Any]:
@@ -35,7 +34,7 @@ def _metadata(text: str | None) -> dict[str, Any]:
 
 @click.command()
 @click.argument("text")
-@click.option("--agent", default=DEFAULT_AGENT, show_default=True, help="The agent to run.")
+@click.option("--agent", help="The agent to run (default: the app's only one, or support).")
 @click.option("--actor", default="cli", show_default=True, help="Who asks (roles, quota).")
 @click.option("--thread", "thread_id", help="Continue this thread.")
 @click.option("--persona", help="Run under this persona.")
@@ -46,7 +45,7 @@ def _metadata(text: str | None) -> dict[str, Any]:
 @handle_errors
 def enqueue(
     text: str,
-    agent: str,
+    agent: str | None,
     actor: str,
     thread_id: str | None,
     persona: str | None,
@@ -60,8 +59,8 @@ def enqueue(
     Follow it with `agent-jobs tail RUN_ID`; the same --run-id twice starts one run.
     """
     client = durable_client()
-    run_id = client.enqueue_run(
-        agent,
+    request = RunRequest.of(
+        agent_named(agent),
         text,
         actor=actor,
         thread_id=thread_id,
@@ -70,7 +69,11 @@ def enqueue(
         metadata=_metadata(metadata),
         if_busy=if_busy,
     )
+    run_id, created = client.admit(request)
     if as_json:
-        print_json({"run_id": run_id, "status": client.get_run(run_id).status})
+        # What this command wrote (a new run is queued), not a status read back after the
+        # send, which a worker may already have moved on; a run id taken: as it stands.
+        status = "queued" if created else client.get_run(run_id).status
+        print_json({"run_id": run_id, "status": status})
     else:
         click.echo(run_id)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any, get_args
+
 import click
 from rich.cells import cell_len
 from rich.table import Table
@@ -14,7 +17,7 @@ from ..store import runs as run_rows
 from ..store.retention import PRUNED
 from .common import app, handle_errors, out, print_json, settings, store
 from .shapes import count_shapes, describe
-from .text import json_text, visible
+from .text import json_text, stamp, visible
 
 __all__ = ["journal", "run_document", "runs", "status"]
 
@@ -44,6 +47,8 @@ def status(run_id: str, as_json: bool) -> None:
     for asked in doc["pending_questions"]:
         shown = json_text(asked["questions"])
         out.print(visible(f"question: {asked['request_id']} {asked['tool']} ") + shown)
+    for line in decisions(db.tool_calls(run.run_id)):
+        out.print(line)
     usage = doc["usage"]
     cost = f"  cost {usage['cost']:.6f}" if usage["cost"] is not None else ""
     out.print(
@@ -57,7 +62,12 @@ def status(run_id: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option(
+    "--status",
+    "status_filter",
+    type=click.Choice(get_args(run_rows.RunStatus)),
+    help="Only runs with this status.",
+)
 @click.option("--thread", "thread_id", help="Only runs of this thread.")
 @click.option("--unfinished", is_flag=True, help="Only runs that have not ended.")
 @click.option(
@@ -101,7 +111,8 @@ def runs(
         print_json([r.model_dump(mode="json") for r in found])
         return
     if not found:
-        out.print("no runs yet")
+        filtered = status_filter or thread_id or unfinished
+        out.print("no runs match" if filtered else "no runs yet")
         return
     # Plain columns, not a table: a table fits itself to the terminal (80 columns when
     # piped) by cutting cells, and a run id is no use cut.
@@ -112,7 +123,7 @@ def runs(
             r.status,
             visible(r.agent),
             visible(r.actor),
-            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            stamp(r.created_at),
             visible(r.input[:40]),
         )
         for r in found
@@ -153,3 +164,20 @@ def journal(run_id: str, as_json: bool) -> None:
         cells = (row["seq"], row["step"], row["state"], row["attempts"], row["error"] or "")
         table.add_row(*(Text(visible(cell)) for cell in cells))
     out.print(table)
+    for line in decisions(db.tool_calls(run_id)):
+        out.print(line)
+
+
+def decisions(calls: list[dict[str, Any]]) -> list[str]:
+    """Who decided each decided call, when and why: `decided: call_3 refund approved by
+    alice at 2026-…Z: "looks right"`."""
+    found = []
+    for call in calls:
+        if call.get("decision") is None:
+            continue
+        verb = "approved" if call["decision"] == "approve" else "rejected"
+        when = f" at {stamp(call['decided_at'])}" if call.get("decided_at") else ""
+        why = f": {json.dumps(call['decision_reason'], ensure_ascii=False)}"
+        line = f"decided: {call['call_id']} {call['name']} {verb} by {call['decided_by']}{when}"
+        found.append(visible(line + (why if call.get("decision_reason") else "")))
+    return found

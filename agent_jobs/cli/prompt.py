@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 
 import click
 from rich.text import Text
 
+from ..app import AgentApp
 from .common import err, out
 from .text import json_text, visible
 from .waiting import StoredCall, StoredQuestion
+
+# Stands for an actor the command cannot name (the app's roles are a function).
+SOMEONE = "ACTOR"
 
 
 class NoTerminal(Exception):
@@ -85,8 +90,51 @@ def command(*words: str) -> str:
     return " ".join(shlex.quote(w) for w in ("agent-jobs", *words))
 
 
-def decide_commands(call: StoredCall, actor: str | None = None) -> tuple[str, str]:
-    """The `agent-jobs approve …` and `agent-jobs reject …` lines for `call`."""
+@dataclass(frozen=True)
+class Deciders:
+    """Who may decide a call now: its roles (None: anyone), and, when the app's roles
+    are a table, the actors that hold one of them."""
+
+    roles: tuple[str, ...] | None
+    actors: tuple[str, ...] | None
+
+    def says(self) -> str:
+        if self.roles is None:
+            return "anyone"
+        held = f" ({', '.join(self.actors)})" if self.actors else ""
+        if self.actors == ():
+            held = " (no actor of the app holds it)"
+        return f"an actor with the role {' or '.join(self.roles)}{held}"
+
+
+def deciders(app: AgentApp, call: StoredCall) -> Deciders:
+    """Who may decide `call` now, as a decision on it is judged."""
+    if call.escalated_to is not None:
+        roles: tuple[str, ...] | None = tuple(sorted(call.escalated_to))
+    elif call.tool in app.registry:
+        approvers = app.registry.get(call.tool).approvers
+        roles = tuple(sorted(approvers)) if approvers is not None else None
+    else:
+        roles = None
+    if roles is None:
+        return Deciders(None, None)
+    holders = app.roles.holders(roles)
+    return Deciders(roles, tuple(holders) if holders is not None else None)
+
+
+def may_decide(app: AgentApp, call: StoredCall, actor: str) -> bool:
+    found = deciders(app, call)
+    return found.roles is None or bool(set(found.roles) & app.roles.roles_of(actor))
+
+
+def decide_commands(
+    call: StoredCall, actor: str | None = None, app: AgentApp | None = None
+) -> tuple[str, str]:
+    """The `agent-jobs approve …` and `agent-jobs reject …` lines for `call`, as `actor`
+    if they may decide it; else (knowing the app) as one who may, or `ACTOR`."""
+    if app is not None and not may_decide(app, call, actor or "cli"):
+        found = deciders(app, call)
+        actor = found.actors[0] if found.actors else SOMEONE
     who = ("--actor", actor) if actor else ()
     return (
         command("approve", call.run_id, call.call_id, *who),
@@ -94,9 +142,11 @@ def decide_commands(call: StoredCall, actor: str | None = None) -> tuple[str, st
     )
 
 
-def tell_how_to_decide(call: StoredCall, actor: str | None = None) -> None:
-    """On stderr: what the run waits for, and exactly how to decide it."""
-    approve, reject = decide_commands(call, actor)
+def tell_how_to_decide(
+    call: StoredCall, actor: str | None = None, app: AgentApp | None = None
+) -> None:
+    """On stderr: what the run waits for, who may decide it, and exactly how."""
+    approve, reject = decide_commands(call, actor, app)
     err.print(
         visible(
             f"run {call.run_id} waits for a decision on call {call.call_id}: {call.tool} "
@@ -104,6 +154,9 @@ def tell_how_to_decide(call: StoredCall, actor: str | None = None) -> None:
         )
     )
     err.print(json_text(call.args, indent=2))
+    if app is not None:
+        found = deciders(app, call)
+        err.print(visible(f"  who may decide: {found.says()}"))
     err.print(visible(f"  approve it: {approve}"))
     err.print(visible(f"  reject it:  {reject}"))
 

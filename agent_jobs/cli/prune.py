@@ -7,6 +7,7 @@ import redis
 
 from .. import retention
 from .common import handle_errors, print_json, settings, store
+from .text import stamp
 
 
 @click.command()
@@ -59,7 +60,7 @@ def prune(days: float, dry_run: bool, batch: int | None, rest: float | None, as_
     if as_json:
         print_json(report.as_dict())
         return
-    cutoff = report.cutoff.strftime("%Y-%m-%d %H:%M:%S UTC")
+    cutoff = stamp(report.cutoff)
     click.echo(f"{report.summary()}, of runs that ended before {cutoff}")
     if report.batches:
         rate = f", {report.rows / report.elapsed:.0f} rows/s" if report.elapsed > 0 else ""

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import click
 
 from ..admission import IfBusy
+from ..app import AgentApp
 from ..runners.inline import InlineRunner
 from ..store import Store
 from ..streams.base import Frame
@@ -19,6 +20,7 @@ from .common import (
     EXIT_UNAVAILABLE,
     EXIT_WAITING,
     REDIS_ERRORS,
+    agent_named,
     app,
     durable_client,
     err,
@@ -37,6 +39,7 @@ from .inspect import run_document
 from .prompt import (
     NoTerminal,
     Terminal,
+    may_decide,
     show_call,
     show_questions,
     tell_how_to_answer,
@@ -46,13 +49,12 @@ from .tail import live_frames
 from .text import visible
 from .waiting import StoredCall, StoredQuestion, Waiting, stored_call, stored_question
 
-DEFAULT_AGENT = "support"
 DEFAULT_DECIDER = "cli"  # the --actor default of `approve` and `reject`
 
 
 @click.command()
 @click.argument("text")
-@click.option("--agent", default=DEFAULT_AGENT, show_default=True, help="The agent to run.")
+@click.option("--agent", help="The agent to run (default: the app's only one, or support).")
 @click.option("--actor", default="cli", show_default=True, help="Who asks (roles, quota).")
 @click.option("--approver", help="Who decides at the prompt (default: the actor).")
 @click.option("--thread", "thread_id", help="Continue this thread.")
@@ -64,7 +66,7 @@ DEFAULT_DECIDER = "cli"  # the --actor default of `approve` and `reject`
 @handle_errors
 def run(
     text: str,
-    agent: str,
+    agent: str | None,
     actor: str,
     approver: str | None,
     thread_id: str | None,
@@ -95,7 +97,7 @@ def run(
 
 @dataclass(frozen=True)
 class RunArgs:
-    agent: str
+    agent: str | None  # None: the app's only agent, or support (`agent_named`)
     text: str
     actor: str
     decider: str
@@ -124,7 +126,9 @@ class _Asker:
         approve_all: bool,
         parks: bool,
         quiet: bool,
+        app: AgentApp,
     ) -> None:
+        self.app = app
         self.waiting = Waiting(db, root_run_id)
         self.terminal = Terminal()
         self.args = args
@@ -144,15 +148,25 @@ class _Asker:
         if not call.waiting:
             self.note(f"{call.call_id} of run {call.run_id} was already decided")
             return None
-        if self.approve_all:
+        if self.approve_all:  # asked for: refused if the decider may not (exit 2)
             return call, ("approve", None)
+        if not may_decide(self.app, call, self.args.decider):
+            # Nobody is asked who cannot decide: say who can, and follow the run on.
+            tell_how_to_decide(call, self.decider, self.app)
+            err.print(
+                visible(
+                    f"{self.args.decider} may not decide it: following run {call.run_id} "
+                    "until someone who may does"
+                )
+            )
+            return None
         show_call(call)
         try:
             approved = self.terminal.confirm("approve?")
         except NoTerminal:
             if self.parks:
                 raise
-            tell_how_to_decide(call, self.decider)
+            tell_how_to_decide(call, self.decider, self.app)
             return None
         return call, ("approve", None) if approved else ("reject", "rejected at the terminal")
 
@@ -218,8 +232,10 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     """Run the turn in this process; a decision made elsewhere (`agent-jobs approve`)
     reaches it through the database."""
     runner = InlineRunner(app(), store(), settings=settings())
+    agent = agent_named(args.agent)  # once the database answered
+    args = replace(args, agent=agent)
     run_id = runner.start(
-        args.agent,
+        agent,
         args.text,
         actor=args.actor,
         thread_id=args.thread_id,
@@ -228,7 +244,15 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         if_busy=args.if_busy,
     )
     root = _tell_if_queued(runner.store, run_id)
-    asker = _Asker(runner.store, root, args, approve_all=approve_all, parks=False, quiet=as_json)
+    asker = _Asker(
+        runner.store,
+        root,
+        args,
+        approve_all=approve_all,
+        parks=False,
+        quiet=as_json,
+        app=runner.app,
+    )
     on_approval, on_question = _handlers(asker, args, runner.signal, runner.answer)
     follow(runner.frames(run_id), on_approval, on_question, quiet=as_json)
     view = runner.wait(run_id)
@@ -240,8 +264,10 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
 def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     """Enqueue, then follow the run's Redis stream and answer approvals at the prompt."""
     client = durable_client()
+    agent = agent_named(args.agent)  # once the database answered
+    args = replace(args, agent=agent)
     run_id = client.enqueue_run(
-        args.agent,
+        agent,
         args.text,
         actor=args.actor,
         thread_id=args.thread_id,
@@ -250,7 +276,15 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         if_busy=args.if_busy,
     )
     root = _tell_if_queued(client.store, run_id)
-    asker = _Asker(client.store, root, args, approve_all=approve_all, parks=True, quiet=as_json)
+    asker = _Asker(
+        client.store,
+        root,
+        args,
+        approve_all=approve_all,
+        parks=True,
+        quiet=as_json,
+        app=client.app,
+    )
     on_approval, on_question = _handlers(asker, args, client.decide, client.answer)
     streams = redis_streams()
     try:
@@ -259,7 +293,7 @@ def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
         frames = (frame for _, frame in live)
         follow(frames, on_approval, on_question, quiet=as_json, screen=screen)
     except NoTerminal:
-        _tell_what_waits(client.store, root, asker.decider)
+        _tell_what_waits(client.store, root, asker.decider, client.app)
         if as_json:
             print_json(run_document(client.store, client.get_run(run_id)))
         return EXIT_WAITING
@@ -294,11 +328,11 @@ def _tell_if_queued(db: Store, run_id: str) -> str:
     return view.root_run_id
 
 
-def _tell_what_waits(db: Store, root_run_id: str, decider: str | None) -> None:
+def _tell_what_waits(db: Store, root_run_id: str, decider: str | None, app: AgentApp) -> None:
     """Every decision and answer the run (and the runs it delegated to) waits for, each
-    with the command that gives it."""
+    with the command that gives it, as one who may."""
     for run_id in db.run_tree(root_run_id):
         for row in db.pending_calls(run_id):
-            tell_how_to_decide(stored_call(row), decider)
+            tell_how_to_decide(stored_call(row), decider, app)
         for row in db.open_questions(run_id):
             tell_how_to_answer(stored_question(row))

@@ -8,9 +8,9 @@ import click
 
 from ..client import Client
 from ..runners import abandoned
-from ..session import CANCEL_CAUSES, TARGETS, fold_inbox, fold_status
-from .common import handle_errors, out, print_json, settings, store
-from .text import visible
+from ..session import CANCEL_CAUSES, TARGETS, Event, fold_inbox, fold_status
+from .common import EXIT_ALREADY_DECIDED, fail, handle_errors, out, print_json, settings, store
+from .text import stamp, visible
 
 
 def _client() -> Client:
@@ -29,20 +29,33 @@ def _client() -> Client:
 @handle_errors
 def events(run_or_thread: str, as_json: bool) -> None:
     """Print a thread's session log (give a run id or a thread id)."""
-    log = _client().events(run_or_thread)
+    client = _client()
+    log = client.events(run_or_thread)
     if as_json:
         print_json([e.model_dump(mode="json") for e in log])
         return
     for e in log:
-        stamp = e.created_at.strftime("%H:%M:%S.%f")[:-3]
         run = (e.run_id or "-")[:12]
         data = json.dumps(e.data, ensure_ascii=False, separators=(", ", ": "))
-        out.print(visible(f"{e.seq:>5} {stamp} {run:<12} {e.type:<20} {data}"))
+        out.print(visible(f"{e.seq:>5} {stamp(e.created_at)} {run:<12} {e.type:<20} {data}"))
     inbox = fold_inbox(log)
     out.print(
-        f"agent {fold_status(log)}; inbox: {len(inbox.next_step)} for the next step, "
+        f"agent {_now(client, log)}; inbox: {len(inbox.next_step)} for the next step, "
         f"{len(inbox.next_turn)} for the next turn"
     )
+
+
+def _now(client: Client, log: list[Event]) -> str:
+    """What the thread's agent is doing: idle, running, or what its turn waits for (the
+    session log says `running` all through a turn; the run's row says it is parked)."""
+    folded = fold_status(log)
+    thread_id = log[-1].thread_id if log else None
+    if folded != "running" or thread_id is None:
+        return folded
+    going = [r for r in client.store.list_runs(thread_id=thread_id, limit=5) if not r.finished]
+    if going and going[0].status != "running":
+        return f"{going[0].status} (run {going[0].run_id})"
+    return folded
 
 
 @click.command()
@@ -95,7 +108,9 @@ def answer(run_id: str, request_id: str, answers: str, actor: str) -> None:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="ANSWERS") from None
     if not isinstance(parsed, dict):
         raise click.BadParameter("must be a JSON object", param_hint="ANSWERS")
-    if _client().answer(run_id, request_id, parsed, actor=actor):
-        out.print(visible(f"answered {request_id} of run {run_id}"))
-    else:
-        out.print(visible(f"{request_id} of run {run_id} was already answered; nothing changed"))
+    if not _client().answer(run_id, request_id, parsed, actor=actor):
+        fail(
+            f"{request_id} of run {run_id} was already answered; nothing changed",
+            EXIT_ALREADY_DECIDED,
+        )
+    out.print(visible(f"answered {request_id} of run {run_id}"))

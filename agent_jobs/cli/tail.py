@@ -8,13 +8,15 @@ from collections.abc import Callable, Iterator
 
 import click
 
+from ..app import AgentApp
+from ..loading import load_app
 from ..store import Store
 from ..streams.base import Frame
 from ..streams.follow import live_frames as follow_stream
 from ..streams.redis_streams import RedisStreams
-from .common import EXIT_FAILED, err, fail, handle_errors, out, redis_streams, store
+from .common import EXIT_FAILED, err, fail, handle_errors, out, redis_streams, settings, store
 from .frames import Screen, follow
-from .prompt import command, decide_commands
+from .prompt import command, decide_commands, deciders
 from .text import json_text, visible
 from .waiting import Waiting
 
@@ -76,7 +78,8 @@ def tail(run_id: str, after: str | None, as_json: bool) -> None:
         else:
             screen = Screen()
             live = live_frames(streams, db, run.root_run_id, after, before_warning=screen.aside)
-            pointer = _Pointer(Waiting(db, run.root_run_id))
+            # The app says who may decide (its model is not needed here: not strict).
+            pointer = _Pointer(Waiting(db, run.root_run_id), load_app(settings().app))
             frames = (frame for _, frame in live)
             follow(frames, pointer.to_approve, pointer.to_answer, quiet=False, screen=screen)
     finally:
@@ -87,16 +90,19 @@ def tail(run_id: str, after: str | None, as_json: bool) -> None:
 class _Pointer:
     """Says how to decide what the run waits for, as the store has it."""
 
-    def __init__(self, waiting: Waiting) -> None:
+    def __init__(self, waiting: Waiting, app: AgentApp) -> None:
         self.waiting = waiting
+        self.app = app
 
     def to_approve(self, frame: Frame) -> None:
         call = self.waiting.call(frame)
         if call is None:
             return
-        approve, _ = decide_commands(call)
+        approve, _ = decide_commands(call, None, self.app)
         hint = f"? {call.tool} ({call.call_id}) of run {call.run_id} needs approval: {approve}"
         out.print(visible(hint), style="yellow")
+        who = deciders(self.app, call).says()
+        out.print(visible(f"  who may decide: {who}"), style="yellow")
         out.print(f"  arguments: {json_text(call.args)}", style="yellow")
         if call.decision is not None:
             out.print(visible(f"  decided: {call.decision} by {call.decided_by}"), style="dim")

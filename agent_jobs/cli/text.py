@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from datetime import UTC, datetime
 from typing import Any
 
 # Control and format characters (escape sequences, bidi overrides, zero-width marks),
@@ -48,3 +49,11 @@ def json_text(value: Any, *, indent: int | None = None) -> str:
         return visible(text)
     text = json.dumps(value, ensure_ascii=False, indent=indent, default=str)
     return visible(text, keep="\n")  # JSON escapes newlines in strings: these are its own
+
+
+def stamp(moment: datetime) -> str:
+    """A moment as every command prints one: ISO 8601 in UTC, to the millisecond
+    (`2026-12-05T11:17:33.123Z`). A naive one (SQLite's) is taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

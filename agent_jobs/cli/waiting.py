@@ -30,6 +30,8 @@ class StoredCall:
     status: str
     decision: str | None
     decided_by: str | None
+    # The roles an escalated call went to (None: the tool's approvers decide).
+    escalated_to: tuple[str, ...] | None = None
 
     @property
     def waiting(self) -> bool:
@@ -102,6 +104,7 @@ def stored_call(row: dict[str, Any]) -> StoredCall:
         status=str(row["status"]),
         decision=row["decision"],
         decided_by=row["decided_by"],
+        escalated_to=tuple(row.get("approvers") or ()) if row.get("escalated") else None,
     )
 
 

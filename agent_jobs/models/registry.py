@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from pydantic import AliasChoices, Field, SecretStr
@@ -60,6 +61,17 @@ _OPENAI_COMPATIBLE: dict[str, bool] = {
 PROVIDERS: tuple[str, ...] = ("anthropic", *_OPENAI_COMPATIBLE)
 
 
+def _require_sdk(sdk: str, spec: str) -> None:
+    """Refuse, in one line naming the extra, a model whose provider's SDK is not installed
+    (the SDKs are extras: most deployments need one provider, some none)."""
+    try:
+        importlib.import_module(sdk)
+    except ImportError:
+        raise ConfigurationError(
+            f"model {spec!r} needs the {sdk} SDK: pip install 'agent-jobs[{sdk}]'"
+        ) from None
+
+
 def resolve_model(
     spec: str,
     *,
@@ -97,6 +109,7 @@ def resolve_model(
     # Each adapter is imported when first asked for: the SDKs take a second or two to load,
     # which the CLI should not pay when no real model is configured.
     if provider == "anthropic":
+        _require_sdk("anthropic", spec)
         from .anthropic import AnthropicModel
 
         _require_key(provider, key)
@@ -111,6 +124,7 @@ def resolve_model(
         )
     if _OPENAI_COMPATIBLE[provider]:
         _require_key(provider, key)
+    _require_sdk("openai", spec)
     from .openai_compat import OpenAICompatModel
 
     url = base_url or getattr(s, f"{provider}_base_url")

@@ -11,9 +11,11 @@ seconds; the taker lets go of their claims and leases and sends their steps agai
 (runners/recovery.py). A worker that starts takes at once the processes of its machine
 that are provably gone (their pid no longer runs), as after a restart.
 
-A process declared dead while it still runs (stalled longer than the timeout: a CPU-bound
-tool holding the GIL, a machine paused) has its step run twice; the journal keeps the
-first result and the idempotency key guards the side effect, as for an expired lease.
+A process of another machine declared dead while it still runs (stalled longer than the
+timeout: a CPU-bound tool holding the GIL, a machine paused) has its step run twice; the
+journal keeps the first result and the idempotency key guards the side effect, as for an
+expired lease. One of this machine whose pid still runs (stopped, not dead) is left its
+steps: they go again once its lease runs out and the sweep finds the run stale.
 A process that cannot reach Redis does not take others until it has beaten for a whole
 timeout again: after an outage every process's last beat is old, and none is dead.
 """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.waiting import eventually
+from tests.support.waiting import TIMEOUT, eventually
 
 CLI = [sys.executable, "-m", "agent_jobs.cli"]
 
@@ -103,6 +105,10 @@ def test_unknown_agent_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == "error: unknown agent 'nobody'; this app defines: support"
     assert json.loads(agent_jobs("runs", "--json", cwd=tmp_path).stdout) == []
+    bogus = agent_jobs("runs", "--status", "bogus", cwd=tmp_path)  # was "no runs yet", exit 0
+    assert bogus.returncode == 2 and "'bogus' is not one of" in bogus.stderr, bogus
+    none = agent_jobs("runs", "--status", "failed", cwd=tmp_path)
+    assert none.returncode == 0 and none.stdout.strip() == "no runs match"
 
 
 def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> None:
@@ -149,10 +155,15 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
         approved = agent_jobs("approve", "r1", "call_1", cwd=tmp_path, env=env)
         assert approved.returncode == 0 and "approved call_1" in approved.stdout
         again = agent_jobs("reject", "r1", "call_1", cwd=tmp_path, env=env)
-        assert "already decided" in again.stdout
+        assert again.returncode == 6, again  # a late decision: told apart from one that counted
+        assert "already decided by cli; nothing changed" in again.stderr
 
         done = _until(tmp_path, env, "r1", "completed")
         assert done["output"] == "all done"
+        # Who decided, and when, in the text of `status` and `journal` (not only --json).
+        for command in ("status", "journal"):
+            shown = agent_jobs(command, "r1", cwd=tmp_path, env=env).stdout
+            assert re.search(r"decided: call_1 \S+ approved by cli at \d{4}-\S+Z", shown), shown
     finally:
         proc.kill()
         proc.communicate()
@@ -254,8 +265,14 @@ def test_answer_cancel_and_say_from_another_process(tmp_path: Path) -> None:
         )
         assert answered.returncode == 0 and "answered" in answered.stdout, answered.stderr
         assert _until(tmp_path, env, "q1run", "completed")["output"] == "planned"
+        late = agent_jobs("answer", "q1run", request_id, '{"q1": "Tuesday"}', cwd=tmp_path, env=env)
+        assert late.returncode == 6 and "already answered" in late.stderr, late
 
         _until(tmp_path, env, "c1run", "awaiting_approval")
+        waits = agent_jobs("events", "c1run", cwd=tmp_path, env=env).stdout.splitlines()
+        assert waits[-1].startswith("agent awaiting_approval (run c1run); inbox:"), waits
+        # One way to write a moment, everywhere: ISO 8601 in UTC, to the millisecond.
+        assert re.search(r" \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", waits[0]), waits[0]
         said = agent_jobs(
             "say", "c1run", "after this, ship b2", "--target", "next-turn", cwd=tmp_path, env=env
         )
@@ -292,3 +309,73 @@ def test_a_bad_setting_is_one_line_naming_it_and_exit_2(
     assert line.startswith(f"error: invalid settings: {setting}: ") and said in line
     assert "Traceback" not in done.stderr and "s3cr3t" not in done.stderr
     assert not (tmp_path / "agent_jobs.db").exists()  # nothing was done
+
+
+def test_without_agent_the_apps_only_agent_runs_and_several_must_be_named(
+    tmp_path: Path,
+) -> None:
+    """`--agent` defaulted to `support` whatever the app defined."""
+    (tmp_path / "soloapp.py").write_text(
+        "from agent_jobs import AgentApp, ScriptedModel\n"
+        "app = AgentApp()\n"
+        'app.agent("solo", model=ScriptedModel([{"text": "solo here"}]))\n'
+        "two = AgentApp()\n"
+        'two.agent("a", model=ScriptedModel([{"text": "a"}]))\n'
+        'two.agent("b", model=ScriptedModel([{"text": "b"}]))\n'
+    )
+    done = agent_jobs("run", "hi", "--json", cwd=tmp_path, env={"AGENT_JOBS_APP": "soloapp:app"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["agent"] == "solo"
+    several = agent_jobs("run", "hi", cwd=tmp_path, env={"AGENT_JOBS_APP": "soloapp:two"})
+    assert several.returncode == 2
+    assert several.stderr.strip() == (
+        "error: this app defines several agents (a, b): name one with --agent"
+    )
+
+
+def test_on_an_app_whose_runner_cannot_decide_nobody_is_asked_and_the_hint_works(
+    tmp_path: Path,
+) -> None:
+    """The demo hid it (`cli` holds every role): with `dev-1` asking and only `boss` able
+    to decide, every hint named an actor who was refused, and `dev-1` was asked."""
+    (tmp_path / "opsapp.py").write_text(
+        "from agent_jobs import AgentApp, ScriptedModel\n"
+        "app = AgentApp(roles={'dev-1': ['ops'], 'boss': ['approver']})\n"
+        "@app.tool(kind='action', roles=['ops'], approvers=['approver'])\n"
+        "def restart(service: str) -> str:\n"
+        "    return 'restarted ' + service\n"
+        "app.agent('ops', model=ScriptedModel([\n"
+        "    {'tool_calls': [{'name': 'restart', 'args': {'service': 'api'}}]},\n"
+        "    {'text': 'restarted it'}]), tools=['restart'])\n"
+    )
+    env = {"AGENT_JOBS_APP": "opsapp:app"}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    output = (tmp_path / "run.out").open("w")
+    proc = subprocess.Popen(  # a terminal that would answer y, if it were asked
+        [*CLI, "run", "go", "--actor", "dev-1", "--run-id", "ops1"],
+        cwd=tmp_path,
+        env=environment,
+        stdin=subprocess.PIPE,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write("y\n")
+        proc.stdin.flush()
+        said = lambda: (tmp_path / "run.out").read_text()  # noqa: E731
+        eventually(lambda: "reject it:" in said(), what="the hint", context=said)
+        assert "who may decide: an actor with the role approver (boss)" in said()
+        assert "approve?" not in said()  # dev-1 may not decide: not asked
+        [hint] = [line for line in said().splitlines() if "approve it:" in line]
+        words = shlex.split(hint.split("approve it:", 1)[1])
+        assert words == ["agent-jobs", "approve", "ops1", "call_1", "--actor", "boss"]
+        done = agent_jobs(*words[1:], cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+        assert proc.wait(timeout=TIMEOUT) == 0, said()
+        assert status_in_db(tmp_path, "ops1") == "completed"
+    finally:
+        proc.kill()
+        proc.communicate()
+        output.close()

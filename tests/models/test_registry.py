@@ -180,3 +180,21 @@ def test_settings_from_the_config_file(tmp_path: Path, monkeypatch: pytest.Monke
         "http://127.0.0.1:9/v1",
         8,
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "sdk"),
+    [("openai:gpt-4.1-mini", "openai"), ("ollama:llama3", "openai"), ("anthropic:x", "anthropic")],
+)
+def test_a_model_whose_sdk_is_missing_names_the_extra_to_install(
+    spec: str, sdk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDKs are extras: a plain install has neither (a third of its size once)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, sdk, None)  # as good as not installed
+    with pytest.raises(ConfigurationError) as refused:
+        resolve_model(spec, api_key="k")
+    assert str(refused.value) == (
+        f"model {spec!r} needs the {sdk} SDK: pip install 'agent-jobs[{sdk}]'"
+    )

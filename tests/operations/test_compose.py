@@ -307,8 +307,9 @@ def test_the_dockerfile_copies_what_exists_and_drops_root() -> None:
                 assert (ROOT / source).exists(), source
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and users[-1] != "root"
-    # The api service runs `agent-jobs serve`, whose extra the image must carry.
-    assert "pip install '.[api,metrics,otel]'" in "\n".join(lines)
+    # The api service runs `agent-jobs serve`, whose extra the image must carry, and the
+    # workers run models of either provider, whose SDKs are extras too.
+    assert "pip install '.[api,metrics,otel,openai,anthropic]'" in "\n".join(lines)
 
 
 def test_the_api_is_published_on_the_hosts_loopback_only_with_tokens_from_the_environment() -> None:
