@@ -15,7 +15,7 @@ COPY tasks ./tasks
 # With every door's extra: the HTTP API (`agent-jobs serve`), Prometheus metrics and
 # OpenTelemetry traces, each off until its settings turn it on. Flower's config file,
 # installed with the package, at a path that does not change with Python's version:
-# `celery -A tasks flower --conf=/etc/agent-jobs/flowerconfig.py`.
+# `celery -A agent_jobs.worker flower --conf=/etc/agent-jobs/flowerconfig.py`.
 RUN pip install '.[api,metrics,otel,openai,anthropic]' \
     && mkdir -p /etc/agent-jobs \
     && ln -s "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/tasks/flowerconfig.py" \

@@ -27,11 +27,11 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 # Services built from this project's image, and what each must run.
 OURS = {
     "migrate": ["agent-jobs", "db", "upgrade"],
-    "worker": ["celery", "-A", "tasks", "--quiet", "worker"],
-    "worker-cpu": ["celery", "-A", "tasks", "--quiet", "worker"],
-    "beat": ["celery", "-A", "tasks", "--quiet", "beat"],
+    "worker": ["celery", "-A", "agent_jobs.worker", "--quiet", "worker"],
+    "worker-cpu": ["celery", "-A", "agent_jobs.worker", "--quiet", "worker"],
+    "beat": ["celery", "-A", "agent_jobs.worker", "--quiet", "beat"],
     "listener": ["agent-jobs", "approvals", "listen"],
-    "flower": ["celery", "-A", "tasks", "flower"],
+    "flower": ["celery", "-A", "agent_jobs.worker", "flower"],
     "api": ["agent-jobs", "serve"],
 }
 LONG_RUNNING = ["postgres", "redis", "worker", "beat", "listener", "flower", "api"]

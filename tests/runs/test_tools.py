@@ -404,9 +404,18 @@ def test_the_cli_loads_the_app_from_its_working_directory(tmp_path: Path) -> Non
 
 
 @pytest.fixture
-def cwd_worker(tmp_path: Path, pg_url: str, redis_server: RedisServer) -> Iterator[dict[str, str]]:
-    """A worker started as `celery -A tasks worker` in the app's own directory."""
+def cwd_worker(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer, request: pytest.FixtureRequest
+) -> Iterator[dict[str, str]]:
+    """A worker started as `celery -A tasks worker` in the app's own directory; or as
+    `celery -A agent_jobs.worker worker` in a directory that also has a `tasks.py` of its
+    own, which `-A tasks` would import in the installed app's place."""
     write_app(tmp_path)
+    module = getattr(request, "param", "tasks")
+    if module != "tasks":
+        (tmp_path / "tasks.py").write_text(
+            'raise RuntimeError("the project\'s own tasks.py was imported as the worker")\n'
+        )
     env = bare_env(
         AGENT_JOBS_APP="myagents:app",
         AGENT_JOBS_BROKER_URL=redis_server.url(7),
@@ -419,7 +428,7 @@ def cwd_worker(tmp_path: Path, pg_url: str, redis_server: RedisServer) -> Iterat
             [
                 str(BIN / "celery"),
                 "-A",
-                "tasks",
+                module,
                 "worker",
                 "--loglevel=INFO",
                 "--concurrency=1",
@@ -458,6 +467,7 @@ def cwd_worker(tmp_path: Path, pg_url: str, redis_server: RedisServer) -> Iterat
             proc.wait(timeout=10)
 
 
+@pytest.mark.parametrize("cwd_worker", ["tasks", "agent_jobs.worker"], indirect=True)
 def test_a_worker_loads_the_app_from_its_working_directory(
     tmp_path: Path, cwd_worker: dict[str, str]
 ) -> None:
