@@ -62,6 +62,20 @@ class Deployment:
         assert self.finished(run_id) == "completed"
         return run_id
 
+    def settled(self, run_id: str) -> dict[str, Any]:
+        """The snapshot once two in a row are the same: an ended run's worker may still
+        let go of its steps' claims a moment after the run's status says it ended."""
+        last = self.snapshot(run_id)
+
+        def same() -> dict[str, Any] | None:
+            nonlocal last
+            now, before = self.snapshot(run_id), last
+            last = now
+            return now if now == before else None
+
+        found: dict[str, Any] = eventually(same, what=f"the rows of {run_id} to stop changing")
+        return found
+
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """Everything a control could change of the run, and how many runs there are."""
         found = self.doors.snapshot(run_id)
@@ -153,7 +167,7 @@ def test_retry_over_http_runs_the_failed_step_again(deployment: Deployment) -> N
     assert reply.status_code == 202, reply.text
     assert reply.json() == {"run_id": run_id, "retrying": ["model:2"]}
     assert deployment.finished(run_id) == "completed"
-    before = deployment.snapshot(run_id)
+    before = deployment.settled(run_id)
     says = assert_error(api.call("user-7", "POST", f"/v1/runs/{run_id}/retry"), 409)
     assert "only a run that failed" in says
     assert deployment.snapshot(run_id) == before

@@ -224,15 +224,25 @@ class Doors:
         """Everything a decision could change, to show that nothing did."""
         with self.store.connect() as conn:
             return {
-                "runs": [dict(r._mapping) for r in conn.execute(select(runs))],
-                "threads": conn.execute(select(threads.c.id)).scalars().all(),
+                # In a stated order: a row updated since (a lease let go after the run
+                # ended) comes back elsewhere in an unordered scan.
+                "runs": [dict(r._mapping) for r in conn.execute(select(runs).order_by(runs.c.id))],
+                "threads": conn.execute(select(threads.c.id).order_by(threads.c.id))
+                .scalars()
+                .all(),
                 "calls": [
                     dict(r._mapping)
-                    for r in conn.execute(select(tool_calls).where(tool_calls.c.run_id == run_id))
+                    for r in conn.execute(
+                        select(tool_calls)
+                        .where(tool_calls.c.run_id == run_id)
+                        .order_by(tool_calls.c.call_id)
+                    )
                 ],
                 "journal": [
                     dict(r._mapping)
-                    for r in conn.execute(select(journal).where(journal.c.run_id == run_id))
+                    for r in conn.execute(
+                        select(journal).where(journal.c.run_id == run_id).order_by(journal.c.seq)
+                    )
                 ],
             }
 
