@@ -59,6 +59,9 @@ class Settings(SettingsBase):
     # may be in it (`@`, `:`, `/` break a URL), and it is never part of a URL's text.
     # Applied to every engine this process opens (store/db.py: `make_engine`).
     database_password: SecretStr | None = None
+    # On Postgres, the schema the tables (and their own Alembic version table) live in:
+    # apart from an application's own tables and migrations in the same database.
+    database_schema: str = Field(default="agent_jobs", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     broker_url: str | None = None
     # The Celery queue of this deployment: several deployments can share one Redis.
     queue: str = "agent_jobs"

@@ -65,7 +65,12 @@ def fresh_database(admin_url: str, name: str) -> str:
 
 
 def libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+    """`url` for psycopg, working in agent-jobs' schema (as its own engines do)."""
+    from agent_jobs.settings import get_settings
+
+    plain = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    joiner = "&" if "?" in plain else "?"
+    return f"{plain}{joiner}options=-csearch_path%3D{get_settings().database_schema}"
 
 
 def pg_commit_floor(url: str, n: int = 500) -> float:

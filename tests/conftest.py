@@ -7,9 +7,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
 
 from agent_jobs.store import Store
-from agent_jobs.store.db import make_engine
 from tests.support import distribution, layers, leaks, reproduce
 from tests.support.redis_server import RedisServer
 from tests.support.services import (
@@ -28,7 +28,7 @@ def pg_url() -> Iterator[str]:
     from tests.support.apps.base import create_side_table
 
     with own_database("agent_jobs_test") as url:
-        engine = make_engine(url)
+        engine = create_engine(url)  # where the test apps' side engine looks: `public`
         create_side_table(engine)  # before any worker races to
         engine.dispose()
         yield url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,20 +73,30 @@ def insert_unless_exists(
 # --- engines and migrations --------------------------------------------------------------
 
 
-def make_engine(url: str, *, pool_size: int = 5, password: SecretStr | str | None = None) -> Engine:
+def make_engine(
+    url: str,
+    *,
+    pool_size: int = 5,
+    password: SecretStr | str | None = None,
+    schema: str | None = None,
+) -> Engine:
     """An engine for `url`; SQLite gets WAL, a busy timeout and immediate transactions.
 
     `password` (by default `AGENT_JOBS_DATABASE_PASSWORD`, when set) is the server's: set
     on the parsed URL, never written into its text, so it may hold any character.
+    On Postgres every connection works in `schema` (by default `AGENT_JOBS_DATABASE_SCHEMA`,
+    `agent_jobs`): its `search_path`, so the tables and their version table are there.
     """
     try:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
         raise ConfigurationError(f"AGENT_JOBS_DATABASE_URL is not a database URL: {exc}") from exc
-    if password is None:
+    if password is None or schema is None:
         from ..settings import get_settings
 
-        password = get_settings().database_password
+        found = get_settings()
+        password = found.database_password if password is None else password
+        schema = found.database_schema if schema is None else schema
     if isinstance(password, SecretStr):
         password = password.get_secret_value()
     if parsed.get_backend_name() == "sqlite":
@@ -110,7 +121,9 @@ def make_engine(url: str, *, pool_size: int = 5, password: SecretStr | str | Non
             max_overflow=10,
             pool_recycle=1800,
             hide_parameters=True,  # a statement's values are runs' data: never in a log
+            connect_args={"options": f"-c search_path={schema}"},
         )
+        _SCHEMAS[engine] = schema
         driver.install(engine)
         return engine
     raise ConfigurationError(
@@ -119,6 +132,13 @@ def make_engine(url: str, *, pool_size: int = 5, password: SecretStr | str | Non
 
 
 READ_ONLY = driver.READ_ONLY  # an execution option: the connection only reads
+# The schema each Postgres engine works in (`make_engine`).
+_SCHEMAS: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
+
+
+def schema_of(engine: Engine) -> str | None:
+    """The Postgres schema `engine` works in; None on SQLite."""
+    return _SCHEMAS.get(engine)
 
 
 def _tune_sqlite(engine: Engine) -> None:
@@ -143,7 +163,7 @@ def _tune_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def _alembic_config(engine: Engine) -> Any:
+def _alembic_config(engine: Engine | None) -> Any:
     from alembic.config import Config
 
     config = Config()
@@ -156,7 +176,7 @@ def head_revision() -> str:
     """The newest revision as Alembic's scripts say (loads them: slow)."""
     from alembic.script import ScriptDirectory
 
-    config = _alembic_config(None)  # type: ignore[arg-type]
+    config = _alembic_config(None)
     head = ScriptDirectory.from_config(config).get_current_head()
     assert head is not None
     return head
@@ -170,10 +190,58 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database to `revision` (the newest by default)."""
+    """Migrate the database to `revision` (the newest by default). On Postgres, in the
+    engine's schema, made if missing; an installation of the earlier layout (its tables
+    and its revision in `public`) is moved there first, in one transaction."""
     from alembic import command
 
+    schema = schema_of(engine)
+    if schema is not None:
+        with engine.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            adopt_public_layout(conn, schema)
     command.upgrade(_alembic_config(engine), revision)
+
+
+def adopt_public_layout(conn: Connection, schema: str) -> list[str]:
+    """Move an installation of the earlier layout into `schema`: its tables from `public`,
+    and its row of `public.alembic_version` into a version table of the schema's own (the
+    application's own revision, if it shares that table, stays). Nothing when `schema`
+    has a version table already, or `public` holds no revision of ours. The tables moved."""
+    from alembic.script import ScriptDirectory
+
+    from .schema import metadata
+
+    def has(where: str, table: str) -> bool:
+        query = text("SELECT to_regclass(:name) IS NOT NULL")
+        return bool(conn.execute(query, {"name": f'"{where}"."{table}"'}).scalar())
+
+    if has(schema, "alembic_version") or not has("public", "alembic_version"):
+        return []
+    ours = {r.revision for r in ScriptDirectory.from_config(_alembic_config(None)).walk_revisions()}
+    found = conn.execute(text("SELECT version_num FROM public.alembic_version")).scalars().all()
+    revision = next((r for r in found if r in ours), None)
+    if revision is None:
+        return []  # the application's own migrations: not ours to touch
+    moved = [t.name for t in metadata.sorted_tables if has("public", t.name)]
+    for name in moved:
+        conn.execute(text(f'ALTER TABLE public."{name}" SET SCHEMA "{schema}"'))
+    conn.execute(
+        text(
+            f'CREATE TABLE "{schema}".alembic_version (version_num VARCHAR(32) NOT NULL, '
+            "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"
+        )
+    )
+    conn.execute(
+        text(f'INSERT INTO "{schema}".alembic_version VALUES (:revision)'), {"revision": revision}
+    )
+    conn.execute(
+        text("DELETE FROM public.alembic_version WHERE version_num = :revision"),
+        {"revision": revision},
+    )
+    if len(found) == 1:
+        conn.execute(text("DROP TABLE public.alembic_version"))
+    return moved
 
 
 def ensure_schema(engine: Engine, *, auto_upgrade: bool) -> None:
