@@ -96,6 +96,34 @@ def test_approve_a_refund_from_the_inbox_and_the_durable_run_completes(
     assert page.evaluate("sessionStorage.getItem('agent-jobs.token')") == TOKENS["alice"]
 
 
+def test_a_decision_someone_made_first_stays_under_decided_here(stack: Stack, page: Any) -> None:
+    """The loser of a decision race saw who decided for a moment, then the item vanished
+    with no trace of what became of the call."""
+    sign_in(page, "alice")
+    page.wait_for_selector("#status:has-text('Live')")
+    run_id = stack.start("user-7", text="refund it")
+    item = page.locator(f"li.approval[data-run='{run_id}']")
+    item.wait_for()
+    path = f"/v1/runs/{run_id}/approvals/call_1"
+
+    def carol_first(route: Any) -> None:  # the other lead decides while alice's is on its way
+        decided = stack.call("carol", "POST", path, json={"decision": "reject"})
+        assert decided.status_code == 200, decided.text
+        route.continue_()
+
+    page.route(f"**{path}", carol_first)
+    item.locator("button.approve").click()
+    entry = page.locator("#decided li").first
+    entry.wait_for()
+    said = entry.text_content() or ""
+    assert said.startswith(f"Not recorded: refund (call_1) of run {run_id}"), said
+    assert "already decided: reject by carol" in said
+    item.wait_for(state="detached")  # gone from the list, and still said below it
+    assert page.locator("#decided li").first.text_content() == said
+    stack.doors.wait_status(run_id, "completed")
+    assert ("refund", f"{run_id}:tool:call_1") not in executed(run_id)
+
+
 def test_a_reload_keeps_the_session_and_sign_out_forgets_the_token(stack: Stack, page: Any) -> None:
     sign_in(page, "carol")
     page.reload()
