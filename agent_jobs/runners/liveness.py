@@ -8,8 +8,10 @@ process says twice a second, in Redis, that it lives (a sorted set scored by Red
 clock, so machines' clocks do not matter), and keeps a set of the runs its tasks work on.
 A beat also takes (atomically: one taker) the processes silent for `process_timeout`
 seconds; the taker lets go of their claims and leases and sends their steps again
-(runners/recovery.py). A worker that starts takes at once the processes of its machine
-that are provably gone (their pid no longer runs), as after a restart.
+(runners/recovery.py), on a recovery thread of its own: a recovery that waits (on a row
+a lost host's open transaction still locks) never holds up the beat. A worker that
+starts takes at once the processes of its machine that are provably gone (their pid no
+longer runs), as after a restart.
 
 A process of another machine declared dead while it still runs (stalled longer than the
 timeout: a CPU-bound tool holding the GIL, a machine paused) has its step run twice; the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -57,6 +60,12 @@ class Liveness:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._beating_since: float | None = None  # since the last failed beat
+        # Processes taken, recovered one after another on a thread of their own: a
+        # recovery may wait (on a row a lost host's open transaction still locks), and
+        # the beat must go on meanwhile, or this process is taken for dead in turn.
+        self._taken: queue.SimpleQueue[tuple[str, set[str]]] = queue.SimpleQueue()
+        self._recovering: threading.Thread | None = None
+        self._recovering_lock = threading.Lock()
 
     def start(self) -> None:
         """Beat now, then on a thread of its own (a slow database or a busy heartbeat must
@@ -111,7 +120,7 @@ class Liveness:
         if since is None:
             self._beating_since = now
         for process, run_ids in taken.items():
-            self._recover(process, run_ids)
+            self._hand_over(process, run_ids)
 
     def _take_gone_here(self) -> None:
         """Take the processes of this machine that provably no longer run."""
@@ -128,6 +137,22 @@ class Liveness:
             log.warning("could not look for dead processes: %s", exc)
             return
         for process, run_ids in taken.items():
+            self._hand_over(process, run_ids)
+
+    def _hand_over(self, process: str, run_ids: set[str]) -> None:
+        """Recover a taken process on the recovery thread (started on first use), never
+        on the beat's."""
+        self._taken.put((process, run_ids))
+        with self._recovering_lock:
+            if self._recovering is None or not self._recovering.is_alive():
+                self._recovering = threading.Thread(
+                    target=self._recover_taken, name="liveness-recovery", daemon=True
+                )
+                self._recovering.start()
+
+    def _recover_taken(self) -> None:
+        while True:
+            process, run_ids = self._taken.get()
             self._recover(process, run_ids)
 
     def _recover(self, process: str, run_ids: set[str]) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -178,7 +179,42 @@ def test_after_a_redis_outage_a_process_takes_nobody_until_it_has_beaten_a_timeo
     silence(client, "m|9|z", 2 * SILENCE)  # now it is silent
     clock[0] += SILENCE
     liveness.beat()
+    eventually(lambda: recovered, what="the silent process to be recovered")
     assert recovered == [("m|9|z", {"run-9"})]
+
+
+@pytest.mark.pools_named
+def test_a_recovery_that_waits_never_holds_up_the_beat(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A healthy worker took a lost host for dead, then its recovery waited 10 s on a row
+    the lost host's open transaction still locked, on the beat's own thread: it stopped
+    beating for 7 s, and was taken for dead in turn. Recovery runs apart from the beat."""
+    clock = [0.0]
+    monkeypatch.setattr(liveness_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    client = redis.Redis.from_url(cluster.broker)
+    lost = Leases(client)
+    lost.beat("m|8|y", silent_for=SILENCE, take=False)
+    lost.hold("m|8|y", "run-8|t")
+    recovering, release = threading.Event(), threading.Event()
+
+    def recover(process: str, runs: set[str]) -> None:  # waits, as on a locked row
+        recovering.set()
+        release.wait()  # until the test ends: longer than any wait of the test's
+
+    liveness = Liveness(Leases(client), recover, SILENCE)
+    liveness.beat()
+    clock[0] += SILENCE  # beaten a whole timeout: it may take others
+    silence(client, "m|8|y", 2 * SILENCE)
+    try:
+        beater = threading.Thread(target=liveness.beat)
+        beater.start()
+        eventually(recovering.is_set, what="the recovery of the lost host to begin")
+        eventually(lambda: not beater.is_alive(), what="the beat to end while the recovery waits")
+        liveness.beat()  # and the next beat too
+        assert liveness.process in Leases(client).processes() and not release.is_set()
+    finally:
+        release.set()
 
 
 @pytest.mark.pools_named
