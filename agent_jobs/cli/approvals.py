@@ -26,8 +26,8 @@ def _decide(
     recorded = client.decide(run_id, call_id, decision, actor=actor, reason=reason)
     verb = "approved" if decision == "approve" else "rejected"
     if not recorded:  # a script must tell a late decision from one that counted
-        calls = [c for c in store().tool_calls(run_id) if c["call_id"] == call_id]
-        by = f" by {calls[0]['decided_by']}" if calls and calls[0]["decided_by"] else ""
+        call = store().tool_call(run_id, call_id)
+        by = f" by {call['decided_by']}" if call and call["decided_by"] else ""
         fail(
             f"{call_id} of run {run_id} was already decided{by}; nothing changed",
             EXIT_ALREADY_DECIDED,

@@ -195,12 +195,12 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
 
 
-def agent_named(agent: str | None) -> str:
-    """The agent `--agent` names; without it, the app's only agent, or `support` (the
-    demo's) among several; else `InvalidRequestError` listing them."""
+def agent_named(agent: str | None, loaded: AgentApp) -> str:
+    """The agent `--agent` names; without it, the `loaded` app's only agent, or `support`
+    (the demo's) among several; else `InvalidRequestError` listing them."""
     if agent is not None:
         return agent
-    names = list(app().agents)
+    names = list(loaded.agents)
     if len(names) == 1:
         return names[0]
     if "support" in names:

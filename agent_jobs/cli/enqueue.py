@@ -60,7 +60,7 @@ def enqueue(
     """
     client = durable_client()
     request = RunRequest.of(
-        agent_named(agent),
+        agent_named(agent, client.app),
         text,
         actor=actor,
         thread_id=thread_id,

@@ -232,7 +232,7 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     """Run the turn in this process; a decision made elsewhere (`agent-jobs approve`)
     reaches it through the database."""
     runner = InlineRunner(app(), store(), settings=settings())
-    agent = agent_named(args.agent)  # once the database answered
+    agent = agent_named(args.agent, runner.app)  # once the database answered
     args = replace(args, agent=agent)
     run_id = runner.start(
         agent,
@@ -264,7 +264,7 @@ def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
 def _run_durable(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     """Enqueue, then follow the run's Redis stream and answer approvals at the prompt."""
     client = durable_client()
-    agent = agent_named(args.agent)  # once the database answered
+    agent = agent_named(args.agent, client.app)  # once the database answered
     args = replace(args, agent=agent)
     run_id = client.enqueue_run(
         agent,

@@ -134,8 +134,9 @@ def fork(
     point = fork_point(source_id, rows, at)
     prefix = [row for row in rows if row.seq < point.seq]
     _check_prefix(source_id, prefix)
-    again = runs_again(conn, source_id, [row for row in rows if row.seq >= point.seq])
-    open_calls = undecided_at(conn, source_id, prefix)
+    calls = toolcalls.run_calls(conn, source_id)
+    again = runs_again(calls, [row for row in rows if row.seq >= point.seq])
+    open_calls = undecided_at(calls, prefix)
     kept = kept_decisions(app, source_id, actor, open_calls) if keep_decisions else {}
 
     run_id, thread_id = new_id(), new_id()
@@ -158,7 +159,7 @@ def fork(
     journal = [_copied(row, run_id, ids, kept) for row in prefix if _copies(row, open_calls, kept)]
     forks.copy_journal(conn, journal)
     _copy_thread(conn, source, thread_id, run_id, prefix)
-    forks.copy_calls(conn, _calls(conn, source_id, run_id, thread_id, prefix, kept))
+    forks.copy_calls(conn, _calls(calls, run_id, thread_id, prefix, kept))
     answer = Forked(
         run_id,
         thread_id,
@@ -254,10 +255,11 @@ def _check_prefix(source_id: str, prefix: Sequence[Any]) -> None:
             )
 
 
-def runs_again(conn: Connection, source_id: str, after: Sequence[Any]) -> list[Again]:
-    """The source's `action` tool steps from the fork point on: they ran (or began) there
-    and will run again in the fork (a new run: another idempotency key)."""
-    kinds = {row.call_id: row.kind for row in toolcalls.run_calls(conn, source_id)}
+def runs_again(calls: Sequence[Any], after: Sequence[Any]) -> list[Again]:
+    """The source's `action` tool steps from the fork point on (`calls`: the source's
+    tool-call records): they ran (or began) there and will run again in the fork (a new
+    run: another idempotency key)."""
+    kinds = {row.call_id: row.kind for row in calls}
     found: dict[str, Again] = {}
     for row in sorted(after, key=lambda r: r.seq):
         step = names.attempted(row.step)
@@ -275,14 +277,14 @@ def runs_again(conn: Connection, source_id: str, after: Sequence[Any]) -> list[A
 # --- decisions ---------------------------------------------------------------------------
 
 
-def undecided_at(conn: Connection, source_id: str, prefix: Sequence[Any]) -> dict[str, Any]:
-    """The source's `action` calls decided before the fork point whose outcome comes after
-    it (their handler runs in the fork), by call id: the decisions a fork does not
-    inherit."""
+def undecided_at(calls: Sequence[Any], prefix: Sequence[Any]) -> dict[str, Any]:
+    """Of the source's tool-call records, the `action` calls decided before the fork point
+    whose outcome comes after it (their handler runs in the fork), by call id: the
+    decisions a fork does not inherit."""
     copied = {row.step for row in prefix}
     return {
         call.call_id: call
-        for call in toolcalls.run_calls(conn, source_id)
+        for call in calls
         if call.kind == "action"
         and names.approval(call.call_id) in copied
         and names.toolexec(call.call_id) not in copied
@@ -420,8 +422,7 @@ def written(prefix: Sequence[Any]) -> list[Message]:
 
 
 def _calls(
-    conn: Connection,
-    source_id: str,
+    calls: Sequence[Any],
     run_id: str,
     thread_id: str,
     prefix: Sequence[Any],
@@ -431,7 +432,7 @@ def _calls(
     point, with no decision but those kept."""
     copied = {row.step: row for row in prefix}
     out: list[dict[str, Any]] = []
-    for call in toolcalls.run_calls(conn, source_id):
+    for call in calls:
         recorded = copied.get(names.toolcall(call.call_id))
         if recorded is None:
             continue

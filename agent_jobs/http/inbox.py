@@ -47,11 +47,7 @@ def inbox(door: Door, caller: Caller) -> dict[str, list[dict[str, Any]]]:
     approval says what an approver needs to judge it: the call, the agent, what the run
     was asked and what the model said when it made the call, and what its deadline does."""
     calls = [c for c in door.store.pending_calls() if may_decide(door.app, caller, c)]
-    said: dict[tuple[str, str], str] = {}
-    for run_id in dict.fromkeys(c["run_id"] for c in calls):
-        ids = {c["call_id"] for c in calls if c["run_id"] == run_id}
-        for call_id, text in door.store.said_with(run_id, ids).items():
-            said[(run_id, call_id)] = text
+    said = door.store.said_with({(c["run_id"], c["call_id"]) for c in calls})
     approvals = [
         {
             "run_id": call["run_id"],

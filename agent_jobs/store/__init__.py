@@ -163,10 +163,10 @@ class Store:
             row = questions.get(conn, run_id, request_id)
         return dict(row._mapping) if row is not None else None
 
-    def said_with(self, run_id: str, call_ids: set[str]) -> dict[str, str]:
-        """What the model wrote in the reply that made each call, by call id."""
+    def said_with(self, calls: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """What the model wrote in the reply that made each (run id, call id)."""
         with self.connect() as conn:
-            return toolcalls.said_with(conn, run_id, call_ids)
+            return toolcalls.said_with(conn, calls)
 
     def pending_calls(self, run_id: str | None = None) -> list[dict[str, Any]]:
         with self.connect() as conn:

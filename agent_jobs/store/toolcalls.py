@@ -184,18 +184,20 @@ def pending_calls(conn: Connection, *, run_id: str | None = None) -> Sequence[Ro
     return conn.execute(query).all()
 
 
-def said_with(conn: Connection, run_id: str, call_ids: set[str]) -> dict[str, str]:
-    """What the model wrote in the reply that made each of `call_ids` (the text of its
-    assistant message, before the calls), by call id."""
-    query = select(messages.c.content, messages.c.tool_calls).where(
-        messages.c.run_id == run_id, messages.c.role == "assistant"
+def said_with(conn: Connection, calls: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """What the model wrote in the reply that made each of `calls` ((run id, call id)
+    pairs): the text of its assistant message, before the calls. One query."""
+    if not calls:
+        return {}
+    query = select(messages.c.run_id, messages.c.content, messages.c.tool_calls).where(
+        messages.c.run_id.in_({run_id for run_id, _ in calls}), messages.c.role == "assistant"
     )
-    found: dict[str, str] = {}
-    for content, calls in conn.execute(query).all():
-        for call in calls or []:
-            call_id = call.get("id") if isinstance(call, dict) else None
-            if call_id in call_ids:
-                found[call_id] = content
+    found: dict[tuple[str, str], str] = {}
+    for run_id, content, made in conn.execute(query).all():
+        for call in made or []:
+            key = (run_id, call.get("id") if isinstance(call, dict) else None)
+            if key in calls:
+                found[key] = content
     return found
 
 

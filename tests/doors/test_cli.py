@@ -9,7 +9,8 @@ import shlex
 import sqlite3
 import subprocess
 import sys
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,32 @@ def test_unknown_agent_is_one_line(tmp_path: Path) -> None:
     assert none.returncode == 0 and none.stdout.strip() == "no runs match"
 
 
+@contextmanager
+def running(
+    args: list[str], tmp_path: Path, env: dict[str, str]
+) -> Iterator[tuple[subprocess.Popen[str], Callable[[], str]]]:
+    """`agent-jobs ARGS` going on in the background, with a terminal that never answers
+    unless written to (stdin stays open), and what it printed so far. Its output goes to
+    a file: a pipe nobody reads fills up and blocks the run while it waits."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    path = tmp_path / "run.out"
+    with path.open("w") as output:
+        proc = subprocess.Popen(
+            [*CLI, *args],
+            cwd=tmp_path,
+            env=environment,
+            stdin=subprocess.PIPE,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            yield proc, lambda: path.read_text()
+        finally:
+            proc.kill()
+            proc.communicate()
+
+
 def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> None:
     """`agent-jobs approve` records in the database; the waiting inline turn picks it up."""
     app_module = tmp_path / "slowapp.py"
@@ -125,30 +152,18 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
         "    {'text': 'all done'}]), tools=['ship'])\n"
     )
     env = {"AGENT_JOBS_APP": "slowapp:app", "PYTHONPATH": str(tmp_path)}
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
-    # A run whose terminal never answers: stdin stays open and silent. Its output goes to
-    # a file: a pipe nobody reads fills up and blocks the run while it waits.
-    output = (tmp_path / "run.out").open("w")
-    proc = subprocess.Popen(
-        [*CLI, "run", "go", "--agent", "a", "--run-id", "r1"],
-        cwd=tmp_path,
-        env=environment,
-        stdin=subprocess.PIPE,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    # A run whose terminal never answers: stdin stays open and silent.
+    with running(["run", "go", "--agent", "a", "--run-id", "r1"], tmp_path, env) as (proc, said):
 
         def pending() -> bool:
-            assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
+            assert proc.poll() is None, said()[-3000:]
             return status_in_db(tmp_path, "r1") == "awaiting_approval"
 
         eventually(
             pending,
             what="the run to ask for approval",
             every=0.05,
-            context=lambda: (tmp_path / "run.out").read_text()[-3000:],
+            context=lambda: said()[-3000:],
         )
         listed = agent_jobs("approvals", "pending", "--json", cwd=tmp_path, env=env)
         assert [c["call_id"] for c in json.loads(listed.stdout)] == ["call_1"], listed.stdout
@@ -164,10 +179,6 @@ def test_approve_from_another_process_releases_an_inline_run(tmp_path: Path) -> 
         for command in ("status", "journal"):
             shown = agent_jobs(command, "r1", cwd=tmp_path, env=env).stdout
             assert re.search(r"decided: call_1 \S+ approved by cli at \d{4}-\S+Z", shown), shown
-    finally:
-        proc.kill()
-        proc.communicate()
-        output.close()
 
 
 APP_MODULE = """
@@ -349,22 +360,11 @@ def test_on_an_app_whose_runner_cannot_decide_nobody_is_asked_and_the_hint_works
         "    {'text': 'restarted it'}]), tools=['restart'])\n"
     )
     env = {"AGENT_JOBS_APP": "opsapp:app"}
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
-    output = (tmp_path / "run.out").open("w")
-    proc = subprocess.Popen(  # a terminal that would answer y, if it were asked
-        [*CLI, "run", "go", "--actor", "dev-1", "--run-id", "ops1"],
-        cwd=tmp_path,
-        env=environment,
-        stdin=subprocess.PIPE,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    args = ["run", "go", "--actor", "dev-1", "--run-id", "ops1"]
+    with running(args, tmp_path, env) as (proc, said):
         assert proc.stdin is not None
-        proc.stdin.write("y\n")
+        proc.stdin.write("y\n")  # a terminal that would answer y, if it were asked
         proc.stdin.flush()
-        said = lambda: (tmp_path / "run.out").read_text()  # noqa: E731
         eventually(lambda: "reject it:" in said(), what="the hint", context=said)
         assert "who may decide: an actor with the role approver (boss)" in said()
         assert "approve?" not in said()  # dev-1 may not decide: not asked
@@ -375,7 +375,3 @@ def test_on_an_app_whose_runner_cannot_decide_nobody_is_asked_and_the_hint_works
         assert done.returncode == 0, done.stderr
         assert proc.wait(timeout=TIMEOUT) == 0, said()
         assert status_in_db(tmp_path, "ops1") == "completed"
-    finally:
-        proc.kill()
-        proc.communicate()
-        output.close()

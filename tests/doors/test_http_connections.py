@@ -11,7 +11,7 @@ import logging
 import re
 import socket
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,9 +25,15 @@ from tests.support.waiting import TIMEOUT, eventually
 UNFINISHED = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Never: "  # no end of headers
 
 
-def serve(tmp: Path, name: str, **settings: str) -> ApiServer:
+@contextmanager
+def serve(tmp: Path, name: str, **settings: str) -> Iterator[ApiServer]:
+    """`agent-jobs serve` on the embedded default with `settings`, stopped at the end."""
     env = plain_env(tmp, AGENT_JOBS_API_TOKENS=TOKENS_JSON, **settings)
-    return ApiServer(env, name).start()
+    server = ApiServer(env, name).start()
+    try:
+        yield server
+    finally:
+        server.proc.stop()
 
 
 @pytest.fixture
@@ -56,8 +62,7 @@ def test_past_the_cap_a_connection_is_answered_503_at_once(
     tmp_path: Path, sockets: ExitStack
 ) -> None:
     # A deadline far off: the cap alone decides.
-    server = serve(tmp_path, "serve-cap", AGENT_JOBS_API_MAX_CONNECTIONS="20")
-    try:
+    with serve(tmp_path, "serve-cap", AGENT_JOBS_API_MAX_CONNECTIONS="20") as server:
         held = [unfinished(server, sockets) for _ in range(20)]
         for _ in range(5):
             said = answer(unfinished(server, sockets))
@@ -67,15 +72,12 @@ def test_past_the_cap_a_connection_is_answered_503_at_once(
         for conn in held:  # their clients give up: the slots are free again
             conn.close()
         eventually(server.healthy, what="/healthz to answer once the slots are free")
-    finally:
-        server.proc.stop()
 
 
 def test_a_connection_that_never_finishes_its_headers_is_closed_at_its_deadline(
     tmp_path: Path, sockets: ExitStack
 ) -> None:
-    server = serve(tmp_path, "serve-deadline", AGENT_JOBS_API_HEADER_TIMEOUT="1")
-    try:
+    with serve(tmp_path, "serve-deadline", AGENT_JOBS_API_HEADER_TIMEOUT="1") as server:
         slow = [unfinished(server, sockets) for _ in range(5)]
         # A kept-alive connection whose second request never finishes its headers.
         kept = sockets.enter_context(socket.create_connection(("127.0.0.1", server.port)))
@@ -89,8 +91,6 @@ def test_a_connection_that_never_finishes_its_headers_is_closed_at_its_deadline(
         for conn in [*slow, kept]:
             assert answer(conn) == b""  # closed by the server, with nothing said
         assert server.healthy()
-    finally:
-        server.proc.stop()
 
 
 def test_an_error_the_loop_repeats_is_logged_once_a_while(
@@ -124,65 +124,65 @@ def test_an_error_the_loop_repeats_is_logged_once_a_while(
 
 
 def test_one_token_holds_at_most_its_share_of_the_event_streams(tmp_path: Path) -> None:
-    server = serve(tmp_path, "serve-streams", AGENT_JOBS_API_MAX_STREAMS="4")
-    try:
-        with ExitStack() as open_streams:
+    with (
+        serve(tmp_path, "serve-streams", AGENT_JOBS_API_MAX_STREAMS="4") as server,
+        ExitStack() as open_streams,
+    ):
 
-            def stream(actor: str) -> httpx.Response:
-                client = open_streams.enter_context(server.client(actor))
-                asked = client.build_request("GET", "/v1/approvals/stream")
-                reply = client.send(asked, stream=True)
-                open_streams.callback(reply.close)
-                return reply
+        def stream(actor: str) -> httpx.Response:
+            client = open_streams.enter_context(server.client(actor))
+            asked = client.build_request("GET", "/v1/approvals/stream")
+            reply = client.send(asked, stream=True)
+            open_streams.callback(reply.close)
+            return reply
 
-            assert [stream("eve").status_code for _ in range(2)] == [200, 200]
-            refused = stream("eve")  # a third: past eve's share, half of the four
-            assert refused.status_code == 503
-            refused.read()
-            assert "its share" in refused.json()["error"]
-            assert [stream("alice").status_code for _ in range(2)] == [200, 200]
-            everyone = stream("carol")  # all four taken
-            everyone.read()
-            assert everyone.status_code == 503 and "4 event streams" in everyone.json()["error"]
-    finally:
-        server.proc.stop()
+        assert [stream("eve").status_code for _ in range(2)] == [200, 200]
+        refused = stream("eve")  # a third: past eve's share, half of the four
+        assert refused.status_code == 503
+        refused.read()
+        assert "its share" in refused.json()["error"]
+        assert [stream("alice").status_code for _ in range(2)] == [200, 200]
+        everyone = stream("carol")  # all four taken
+        everyone.read()
+        assert everyone.status_code == 503 and "4 event streams" in everyone.json()["error"]
 
 
 def test_without_a_broker_an_actor_has_a_bounded_number_of_runs_going(tmp_path: Path) -> None:
     """Each run `serve` drives holds a thread until it ends, one parked on a person too:
     300 parked runs once held 302 threads."""
-    server = serve(tmp_path, "serve-runs", AGENT_JOBS_API_INLINE_RUNS_PER_ACTOR="3")
-    try:
-        with server.client("user-7") as user, server.client("bob") as bob:
-            body = {"agent": "support", "input": "refund it"}
-            parked = [user.post("/v1/runs", json=body).json()["run_id"] for _ in range(3)]
-            for run_id in parked:
-                eventually(
-                    lambda run_id=run_id: (
-                        user.get(f"/v1/runs/{run_id}").json()["status"] == "awaiting_approval"
-                    ),
-                    what=f"{run_id} to wait for its approval",
-                )
-            refused = user.post("/v1/runs", json=body)
-            assert refused.status_code == 429, refused.text
-            assert refused.json()["type"] == "TooManyRunsError"
-            assert "has 3 runs going" in refused.json()["error"]
-            assert bob.post("/v1/runs", json=body).status_code == 201  # a share each
-            assert user.post(f"/v1/runs/{parked[0]}/cancel", json={}).status_code == 202
+    with (
+        serve(tmp_path, "serve-runs", AGENT_JOBS_API_INLINE_RUNS_PER_ACTOR="3") as server,
+        server.client("user-7") as user,
+        server.client("bob") as bob,
+    ):
+        body = {"agent": "support", "input": "refund it"}
+        parked = [user.post("/v1/runs", json=body).json()["run_id"] for _ in range(3)]
+        for run_id in parked:
             eventually(
-                lambda: user.get(f"/v1/runs/{parked[0]}").json()["status"] == "cancelled",
-                what="the cancelled run to end",
+                lambda run_id=run_id: (
+                    user.get(f"/v1/runs/{run_id}").json()["status"] == "awaiting_approval"
+                ),
+                what=f"{run_id} to wait for its approval",
             )
-            assert user.post("/v1/runs", json=body).status_code == 201
-    finally:
-        server.proc.stop()
+        refused = user.post("/v1/runs", json=body)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["type"] == "TooManyRunsError"
+        assert "has 3 runs going" in refused.json()["error"]
+        assert bob.post("/v1/runs", json=body).status_code == 201  # a share each
+        assert user.post(f"/v1/runs/{parked[0]}/cancel", json={}).status_code == 202
+        eventually(
+            lambda: user.get(f"/v1/runs/{parked[0]}").json()["status"] == "cancelled",
+            what="the cancelled run to end",
+        )
+        assert user.post("/v1/runs", json=body).status_code == 201
 
 
 def test_serve_traces_runs_not_requests_and_no_health_probe(tmp_path: Path) -> None:
     """A health probe makes no trace, and a run asked for with no trace context is a
     root `run` of its own (the guide's promise), whatever else the server does."""
-    server = serve(tmp_path, "serve-traces", AGENT_JOBS_OTEL="1", OTEL_TRACES_EXPORTER="console")
-    try:
+    with serve(
+        tmp_path, "serve-traces", AGENT_JOBS_OTEL="1", OTEL_TRACES_EXPORTER="console"
+    ) as server:
         for _ in range(5):
             assert server.healthy()
         with server.client("user-7") as client:
@@ -196,5 +196,3 @@ def test_serve_traces_runs_not_requests_and_no_health_probe(tmp_path: Path) -> N
         assert "run" in names and not [n for n in names if "/" in n or "healthz" in n], names
         roots = re.findall(r'"name": "run",.*?"parent_id": (\w+)', said, re.S)
         assert roots == ["null"], said[-3000:]
-    finally:
-        server.proc.stop()

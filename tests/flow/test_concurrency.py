@@ -26,7 +26,7 @@ from agent_jobs.store.schema import runs
 from tests.support import apps
 from tests.support.apps import concurrency as concurrency_apps
 from tests.support.cluster import Cluster
-from tests.support.services import dispose, finish_inline, truncate_all
+from tests.support.services import inline_on
 from tests.support.waiting import TIMEOUT, eventually, wait_status
 
 APP = {"AGENT_JOBS_APP": "tests.support.apps.concurrency:app"}
@@ -251,14 +251,8 @@ def apps_wait_model(run_id: str, n: int) -> None:
 def inline(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[InlineRunner]:
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
     apps.side_engine()
-    store = Store.from_url(pg_url)
-    truncate_all(store)
-    runner = InlineRunner(concurrency_apps.app, store, settings=Settings(), poll_interval=0.05)
-    try:
+    with inline_on(concurrency_apps.app, pg_url) as runner:
         yield runner
-    finally:
-        finish_inline(runner)
-        dispose(store)
 
 
 def test_twenty_runs_of_one_actor_two_at_a_time_inline(inline: InlineRunner) -> None:

@@ -17,27 +17,20 @@ from agent_jobs import InlineRunner
 from agent_jobs.admission import enter
 from agent_jobs.approvals import deadlines
 from agent_jobs.client import Client
-from agent_jobs.settings import Settings
-from agent_jobs.store import RunView, Store
+from agent_jobs.store import RunView
 from agent_jobs.store import runs as run_rows
 from tests.support import apps
 from tests.support.apps import executed
 from tests.support.harness import InlineHarness
-from tests.support.services import dispose, finish_inline, truncate_all, wait_for_a_lock
+from tests.support.services import inline_on, wait_for_a_lock
 from tests.support.waiting import TIMEOUT
 
 
 @pytest.fixture
 def runner(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[InlineRunner]:
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
-    store = Store.from_url(pg_url)
-    truncate_all(store)
-    runner = InlineRunner(apps.app, store, settings=Settings(), poll_interval=0.05)
-    try:
+    with inline_on(apps.app, pg_url) as runner:
         yield runner
-    finally:
-        finish_inline(runner)
-        dispose(store)
 
 
 class Pause:

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from agent_jobs import AgentJobsError, InlineRunner
+from agent_jobs import AgentApp, AgentJobsError, InlineRunner
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 
@@ -87,6 +87,22 @@ def finish_inline(runner: InlineRunner) -> None:
     for run in runner.store.list_runs(limit=10_000):
         if run.runner == "inline":
             runner.wait(run.run_id, timeout=TIMEOUT)
+
+
+@contextmanager
+def inline_on(app: AgentApp, url: str) -> Iterator[InlineRunner]:
+    """The inline runner of `app` on an emptied database at `url`; its runs ended and its
+    store closed once the block is done."""
+    from agent_jobs.settings import Settings
+
+    store = Store.from_url(url)
+    truncate_all(store)
+    runner = InlineRunner(app, store, settings=Settings(), poll_interval=0.05)
+    try:
+        yield runner
+    finally:
+        finish_inline(runner)
+        dispose(store)
 
 
 def dispose(store: Store) -> None:
