@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +108,29 @@ return 0
 
 # Take processes, each removed from the set so exactly one caller takes it, with the runs
 # they held: those silent for more than ARGV[2] ms (-1: none), and those named after
-# ARGV[4] (known to be gone). With ARGV[1], that process beats first: it is alive now.
+# ARGV[5] (known to be gone). With ARGV[1], that process beats first: it is alive now; it
+# takes nobody silent unless its own beat before this one came at most ARGV[5] ms ago by
+# Redis's clock (a call sent before a gap in its beats, or the first after one, is not
+# proof that it is connected now). Returns {steady (1 or 0), taken}.
 _TAKE_PROCESSES = """
 local now = redis.call('time')
 now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local holds = ARGV[3]
+local steady = 1
 if ARGV[1] ~= '' then
+  local last = redis.call('zscore', KEYS[1], ARGV[1])
+  if not last or now - tonumber(last) > tonumber(ARGV[5]) then
+    steady = 0
+  end
   redis.call('zadd', KEYS[1], now, ARGV[1])
   redis.call('expire', holds .. ARGV[1], ARGV[4])
 end
 local candidates = {}
-if tonumber(ARGV[2]) >= 0 then
+if tonumber(ARGV[2]) >= 0 and steady == 1 then
   candidates = redis.call('zrangebyscore', KEYS[1], '-inf', now - tonumber(ARGV[2]),
                           'LIMIT', 0, 20)
 end
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   table.insert(candidates, ARGV[i])
 end
 local taken = {}
@@ -131,7 +141,7 @@ for _, process in ipairs(candidates) do
     redis.call('del', holds .. process)
   end
 end
-return taken
+return {steady, taken}
 """
 
 
@@ -221,6 +231,39 @@ def holder_prefix(machine: str, pid: int) -> str:
     return f"{machine}{SEP}{pid}{SEP}"
 
 
+def beat_client(url: str, timeout: float) -> redis.Redis:
+    """A Redis client for a process's beats (runners/liveness.py): every call fails in a
+    third of `timeout` rather than hang through a cut, and is not retried (the next beat
+    is the retry); the operating system notices a dead peer in about that long too."""
+    seconds = max(0.1, timeout / 3)
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=seconds,
+        socket_connect_timeout=seconds,
+        socket_keepalive=True,
+        socket_keepalive_options=tcp_keepalive(seconds),
+        retry=Retry(NoBackoff(), 0),
+        max_connections=8,
+    )
+
+
+def tcp_keepalive(seconds: float) -> dict[int, int]:
+    """TCP options that find a dead peer after about `seconds` of silence (Linux; empty
+    elsewhere): probes each second once the line is idle, and unacknowledged data given
+    up after `seconds`."""
+    options: dict[int, int] = {}
+    idle = max(1, int(seconds))
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", 1),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", max(1000, int(seconds * 1000))),
+    ):
+        if hasattr(socket, name):
+            options[getattr(socket, name)] = value
+    return options
+
+
 class Leases:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -297,15 +340,28 @@ class Leases:
     def beat(self, process: str, *, silent_for: float, take: bool) -> dict[str, set[str]]:
         """Say that `process` lives; with `take`, also take the processes that have not
         said so for `silent_for` seconds: {process: the runs it was working on}."""
-        return self._take_dead(process, _ms(silent_for) if take else -1, [])
+        return self.pulse(process, silent_for=silent_for, take=take)[0]
+
+    def pulse(
+        self, process: str, *, silent_for: float, take: bool, gap: float | None = None
+    ) -> tuple[dict[str, set[str]], bool]:
+        """`beat`, and whether the beat was steady: the one before it reached Redis at
+        most `gap` seconds earlier (by Redis's clock; by default half of `silent_for`).
+        An unsteady beat takes nobody."""
+        gap_ms = _ms(silent_for / 2 if gap is None else gap)
+        steady, taken = self._take_dead(process, _ms(silent_for) if take else -1, gap_ms, [])
+        return taken, steady
 
     def take_processes(self, processes: list[str]) -> dict[str, set[str]]:
         """Take the named processes, known to be gone, unless another caller did."""
-        return self._take_dead("", -1, processes) if processes else {}
+        return self._take_dead("", -1, 0, processes)[1] if processes else {}
 
-    def _take_dead(self, beating: str, silent_ms: int, named: list[str]) -> dict[str, set[str]]:
-        args: list[str | int] = [beating, silent_ms, HOLDS_PREFIX, HOLDS_TTL, *named]
-        return _taken(self._take_processes(keys=[PROCESSES_KEY], args=args))
+    def _take_dead(
+        self, beating: str, silent_ms: int, gap_ms: int, named: list[str]
+    ) -> tuple[bool, dict[str, set[str]]]:
+        args: list[str | int] = [beating, silent_ms, HOLDS_PREFIX, HOLDS_TTL, gap_ms, *named]
+        steady, flat = self._take_processes(keys=[PROCESSES_KEY], args=args)
+        return bool(steady), _taken(flat)
 
     def processes(self) -> list[str]:
         """Every process that beats or did, until it is taken."""

@@ -27,7 +27,7 @@ from redis.retry import Retry
 from agent_jobs import metrics, scrape, tracing
 from agent_jobs.dispatch import START_RUN, CeleryDispatcher
 from agent_jobs.errors import ConfigurationError
-from agent_jobs.leases import Leases
+from agent_jobs.leases import Leases, beat_client
 from agent_jobs.loading import load_app
 from agent_jobs.notify.sender import start_sender
 from agent_jobs.notify.webhook import check as check_webhook
@@ -86,7 +86,9 @@ def runtime(celery: Celery) -> Runtime:
             runner.eager_events = ChainEvents(celery)
             # This process's beat: if it dies, another process sends its steps again.
             recover = partial(recover_process, runner.store, runner.leases, runner.dispatcher)
-            runner.liveness = Liveness(runner.leases, recover, settings.process_timeout)
+            # Beats over a client of their own, whose calls fail fast in a cut.
+            beats = Leases(beat_client(redis_url, settings.process_timeout))
+            runner.liveness = Liveness(beats, recover, settings.process_timeout)
             runner.liveness.start()
             # Notifications this process (or another) wrote: to Redis and the webhook.
             start_sender(runner.store, settings, redis_client=redis_client)

@@ -19,7 +19,12 @@ journal keeps the first result and the idempotency key guards the side effect, a
 expired lease. One of this machine whose pid still runs (stopped, not dead) is left its
 steps: they go again once its lease runs out and the sweep finds the run stale.
 A process that cannot reach Redis does not take others until it has beaten for a whole
-timeout again: after an outage every process's last beat is old, and none is dead.
+timeout again: after an outage every process's last beat is old, and none is dead. Nor
+does one whose beats were slow or came after a gap (by Redis's clock): a host cut off
+from the network heals into a world where everyone looks silent, and a call it sent
+before the cut may reach Redis after it (`Liveness.beat`). Beats go over a client of
+their own with short timeouts (`beat_client`), so one lost in a cut fails in a fraction
+of the timeout instead of hanging through it and succeeding on a retry.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # How often a process beats, as a share of the silence after which it is taken for dead.
 BEATS_PER_TIMEOUT = 6
+# A beat whose round trip took longer than this share of the timeout counts as failed.
+QUICK_SHARE = 0.25
 
 
 class Liveness:
@@ -107,18 +114,36 @@ class Liveness:
             self.beat()
 
     def beat(self) -> None:
-        now = time.monotonic()
+        """Say this process lives; take the silent ones only on a beat that proves this
+        process is connected now: quick (its round trip under `QUICK_SHARE` of the
+        timeout), steady by Redis's clock (`Leases.pulse`), and after a whole timeout of
+        such beats. A failed, slow or unsteady beat starts that count again, so a host
+        cut off from Redis that heals rejoins, and takes nobody, for a timeout: every
+        process looks silent to it then, and none is dead for that."""
+        began = time.monotonic()
         since = self._beating_since
-        take = since is not None and now - since >= self.timeout
+        take = since is not None and began - since >= self.timeout
         try:
-            taken = self.leases.beat(self.process, silent_for=self.timeout, take=take)
+            taken, steady = self.leases.pulse(self.process, silent_for=self.timeout, take=take)
         except redis.RedisError as exc:
             if since is not None:
                 log.warning("liveness beat failed: %s", exc)
             self._beating_since = None
             return
-        if since is None:
-            self._beating_since = now
+        took = time.monotonic() - began
+        if not steady or took > self.timeout * QUICK_SHARE:
+            if since is not None:
+                log.warning(
+                    "liveness beat %s (%.1fs): taking nobody for %.1fs",
+                    "came after a gap" if not steady else "was slow",
+                    took,
+                    self.timeout,
+                )
+            self._beating_since = None
+        elif since is None:
+            self._beating_since = began
+        # Taken on a steady beat, by Redis's decision: they are this process's to recover
+        # whatever the round trip's reply took to come back.
         for process, run_ids in taken.items():
             self._hand_over(process, run_ids)
 

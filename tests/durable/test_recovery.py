@@ -171,6 +171,7 @@ def test_after_a_redis_outage_a_process_takes_nobody_until_it_has_beaten_a_timeo
     recovered: list[tuple[str, set[str]]] = []
     liveness = Liveness(Leases(client), lambda p, runs: recovered.append((p, runs)), SILENCE)
     liveness.beat()  # the first beat after the outage
+    liveness.beat()  # the first that proves it connected: one came just before it
     assert recovered == []
     other.beat("m|9|z", silent_for=SILENCE, take=False)  # the other is alive after all
     clock[0] += SILENCE  # this process has beaten a whole timeout: it may take others
@@ -181,6 +182,82 @@ def test_after_a_redis_outage_a_process_takes_nobody_until_it_has_beaten_a_timeo
     liveness.beat()
     eventually(lambda: recovered, what="the silent process to be recovered")
     assert recovered == [("m|9|z", {"run-9"})]
+
+
+def steady_beats(liveness: Liveness, clock: list[float]) -> None:
+    """Beat until `liveness` may take others: twice (the first proves nothing), then
+    again a whole timeout later on its clock."""
+    liveness.beat()
+    liveness.beat()
+    clock[0] += liveness.timeout
+    liveness.beat()
+
+
+@pytest.mark.pools_named
+def test_a_host_whose_beats_came_after_a_gap_takes_nobody_for_a_timeout(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host cut off from the network healed into a world where the healthy worker
+    looked silent, and took it at once (its beat, sent before the cut, reached Redis
+    through a retry after it): two live workers then ran one step. A beat that reaches
+    Redis after a gap in this process's own beats, by Redis's clock, takes nobody; nor
+    does any for a whole timeout after it."""
+    clock = [0.0]
+    monkeypatch.setattr(liveness_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    client = redis.Redis.from_url(cluster.broker)
+    recovered: list[tuple[str, set[str]]] = []
+    liveness = Liveness(Leases(client), lambda p, runs: recovered.append((p, runs)), SILENCE)
+    steady_beats(liveness, clock)  # it may take others now
+    other = Leases(client)
+    other.beat("m|7|x", silent_for=SILENCE, take=False)
+    other.hold("m|7|x", "run-7|t")
+    silence(client, "m|7|x", 2 * SILENCE)  # silent, as the healthy worker looked
+    silence(client, liveness.process, SILENCE)  # this host's own gap: cut off, healed
+    liveness.beat()
+    assert recovered == [] and "m|7|x" in other.processes()
+    liveness.beat()  # steady again from here
+    clock[0] += SILENCE / 2
+    liveness.beat()
+    assert recovered == [] and "m|7|x" in other.processes()
+    clock[0] += SILENCE / 2  # a whole timeout of steady beats: it may take others again
+    liveness.beat()
+    eventually(lambda: recovered, what="the silent process to be taken, a timeout later")
+    assert recovered == [("m|7|x", {"run-7"})]
+
+
+@pytest.mark.pools_named
+def test_a_slow_beat_takes_nobody_and_starts_the_count_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A beat whose round trip took a good share of the timeout does not prove this
+    process connected: it counts as a failed one."""
+    clock = [0.0]
+    monkeypatch.setattr(liveness_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    client = redis.Redis.from_url(cluster.broker)
+    recovered: list[tuple[str, set[str]]] = []
+    leases = Leases(client)
+    liveness = Liveness(leases, lambda p, runs: recovered.append((p, runs)), SILENCE)
+    steady_beats(liveness, clock)
+    slow = {"by": 0.0}
+    pulse = leases.pulse
+
+    def slow_pulse(*args: object, **kwargs: bool | float) -> tuple[dict[str, set[str]], bool]:
+        clock[0] += slow["by"]  # the round trip, as this process's clock saw it
+        return pulse(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(leases, "pulse", slow_pulse)
+    slow["by"] = SILENCE / 2  # one slow beat, while nobody is silent
+    liveness.beat()
+    slow["by"] = 0.0
+    Leases(client).beat("m|6|w", silent_for=SILENCE, take=False)
+    Leases(client).hold("m|6|w", "run-6|t")
+    silence(client, "m|6|w", 2 * SILENCE)
+    liveness.beat()  # quick, but the count began again after the slow one
+    assert recovered == []
+    clock[0] += SILENCE
+    liveness.beat()
+    eventually(lambda: recovered, what="the silent process to be taken, a timeout later")
+    assert recovered == [("m|6|w", {"run-6"})]
 
 
 @pytest.mark.pools_named
@@ -203,6 +280,7 @@ def test_a_recovery_that_waits_never_holds_up_the_beat(
         release.wait()  # until the test ends: longer than any wait of the test's
 
     liveness = Liveness(Leases(client), recover, SILENCE)
+    liveness.beat()  # the first beat of a process proves nothing: none came before it
     liveness.beat()
     clock[0] += SILENCE  # beaten a whole timeout: it may take others
     silence(client, "m|8|y", 2 * SILENCE)
