@@ -62,6 +62,15 @@ class Settings(SettingsBase):
     # On Postgres, the schema the tables (and their own Alembic version table) live in:
     # apart from an application's own tables and migrations in the same database.
     database_schema: str = Field(default="agent_jobs", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    # On Postgres, a peer silent this long is gone, on both sides of every connection:
+    # TCP keepalives (probes each second after a third of it) and a limit on data sent
+    # and not acknowledged, asked of libpq and of the server's session. So a host cut off
+    # from the network holds no row lock (its open transaction) for longer than this.
+    database_keepalive: float = Field(default=6.0, ge=1)
+    # On Postgres, a session idle inside a transaction this long is ended by the server
+    # (its transaction rolled back): a client alive but stuck keeps no lock longer. None:
+    # the server's own setting.
+    database_idle_in_transaction_timeout: float | None = Field(default=60.0, gt=0)
     broker_url: str | None = None
     # The Celery queue of this deployment: several deployments can share one Redis.
     queue: str = "agent_jobs"

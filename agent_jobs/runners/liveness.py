@@ -57,7 +57,7 @@ class Liveness:
     def __init__(
         self,
         leases: Leases,
-        recover: Callable[[str, set[str]], None],
+        recover: Callable[[str, set[str]], set[str] | None],
         timeout: float,
     ) -> None:
         self.leases = leases
@@ -188,9 +188,16 @@ class Liveness:
             return
         log.warning("process %s stopped beating: recovering runs %s", process, sorted(run_ids))
         try:
-            self.recover(process, run_ids)
+            later = self.recover(process, run_ids)
         except Exception:  # the sweep is the backstop
             log.exception("recovering the runs of process %s failed", process)
+            return
+        if later and not self._stop.is_set():  # rows still locked: those runs again soon
+            again = threading.Timer(
+                self.timeout / BEATS_PER_TIMEOUT, self._hand_over, (process, later)
+            )
+            again.daemon = True
+            again.start()
 
 
 @contextmanager

@@ -9,6 +9,8 @@ import logging
 from datetime import timedelta
 from typing import Protocol
 
+from sqlalchemy.exc import OperationalError
+
 from ..app import AgentApp
 from ..approvals import deadlines
 from ..dispatch import Dispatcher
@@ -17,7 +19,7 @@ from ..settings import Settings
 from ..store import Store
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
-from ..store.db import utcnow
+from ..store.db import lock_not_available, utcnow, wait_for_locks_at_most
 from ..streams.base import RunStream, StreamBackend
 from .replay import sent_as_journaled
 from .step_tasks import Running
@@ -45,19 +47,37 @@ def adopt_orphans(store: Store, leases: Leases, dispatcher: Dispatcher, run_id: 
         dispatcher.steps(run_id, orphans)
 
 
+# How long recovery waits for a row lock before it moves on and comes back to the run.
+RECOVERY_LOCK_WAIT = 0.5
+
+
 def recover_process(
     store: Store, leases: Leases, dispatcher: Dispatcher, process: str, run_ids: set[str]
-) -> None:
+) -> set[str]:
     """`process` died working on `run_ids` (see runners/liveness.py): let go of what it
     held, claims in rows and leases in Redis, and send again each step in flight that
     nobody else holds (a dying process may have let its lease go already); a run with
-    none is re-driven (its process died in a pass)."""
+    none is re-driven (its process died in a pass).
+
+    Returns the runs it could not let go of yet: a row of theirs stayed locked past
+    `RECOVERY_LOCK_WAIT` (a lost host's transaction, open until Postgres finds its peer
+    gone). Those are for later; the others are not held up by them.
+    """
     prefix = process + SEP
+    later: set[str] = set()
     for run_id in sorted(run_ids):
-        with store.begin() as conn:
-            claims = journal_rows.release_claims(conn, run_id, prefix)
-            released = {r.step: r.intent for r in claims}
-            flying = journal_rows.in_flight(conn, run_id)
+        try:
+            with store.begin() as conn:
+                wait_for_locks_at_most(conn, RECOVERY_LOCK_WAIT)
+                claims = journal_rows.release_claims(conn, run_id, prefix)
+                released = {r.step: r.intent for r in claims}
+                flying = journal_rows.in_flight(conn, run_id)
+        except OperationalError as exc:
+            if not lock_not_available(exc):
+                raise
+            log.warning("run %s: a row of it is locked; its recovery comes back to it", run_id)
+            later.add(run_id)
+            continue
         others = [r for r in flying if r.step not in released and r.holder is None]
         for step in leases.unheld(run_id, [r.step for r in others], prefix):
             released[step] = next(r.intent for r in others if r.step == step)
@@ -67,6 +87,7 @@ def recover_process(
             dispatcher.steps(run_id, steps)
         else:
             dispatcher.coordinate(run_id)
+    return later
 
 
 def give_up(store: Store, leases: Leases, dispatcher: Dispatcher, running: Running) -> None:

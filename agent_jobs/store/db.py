@@ -91,12 +91,11 @@ def make_engine(
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
         raise ConfigurationError(f"AGENT_JOBS_DATABASE_URL is not a database URL: {exc}") from exc
-    if password is None or schema is None:
-        from ..settings import get_settings
+    from ..settings import get_settings
 
-        found = get_settings()
-        password = found.database_password if password is None else password
-        schema = found.database_schema if schema is None else schema
+    found = get_settings()
+    password = found.database_password if password is None else password
+    schema = found.database_schema if schema is None else schema
     if isinstance(password, SecretStr):
         password = password.get_secret_value()
     if parsed.get_backend_name() == "sqlite":
@@ -121,7 +120,9 @@ def make_engine(
             max_overflow=10,
             pool_recycle=1800,
             hide_parameters=True,  # a statement's values are runs' data: never in a log
-            connect_args={"options": f"-c search_path={schema}"},
+            connect_args=postgres_connect_args(
+                schema, found.database_keepalive, found.database_idle_in_transaction_timeout
+            ),
         )
         _SCHEMAS[engine] = schema
         driver.install(engine)
@@ -129,6 +130,50 @@ def make_engine(
     raise ConfigurationError(
         f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql+psycopg://"
     )
+
+
+def postgres_connect_args(
+    schema: str, keepalive: float, idle_in_transaction: float | None
+) -> dict[str, Any]:
+    """libpq's options for a connection to Postgres: its schema, and a peer silent for
+    `keepalive` seconds taken for gone on both sides (libpq's keepalives and
+    `tcp_user_timeout`; the server session's `tcp_keepalives_*` and `tcp_user_timeout`),
+    so neither keeps a vanished peer's connection (nor its transaction's locks) open;
+    and the server's limit on a session idle in a transaction."""
+    idle = max(1, int(keepalive / 3))
+    count = max(1, int(keepalive) - idle)
+    user_timeout = int(keepalive * 1000)
+    server = {
+        "search_path": schema,
+        "tcp_keepalives_idle": idle,
+        "tcp_keepalives_interval": 1,
+        "tcp_keepalives_count": count,
+        "tcp_user_timeout": user_timeout,
+    }
+    if idle_in_transaction is not None:
+        server["idle_in_transaction_session_timeout"] = int(idle_in_transaction * 1000)
+    return {
+        "options": " ".join(f"-c {name}={value}" for name, value in server.items()),
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": 1,
+        "keepalives_count": count,
+        "tcp_user_timeout": user_timeout,
+    }
+
+
+def wait_for_locks_at_most(conn: Connection, seconds: float) -> None:
+    """In this transaction (Postgres), a statement that waits longer than `seconds` for a
+    row lock fails (`lock_not_available`) instead of waiting on: for work that can come
+    back later, such as letting go of a lost host's steps while its open transaction still
+    locks one. SQLite waits on its busy timeout."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}")
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Whether `exc` is a statement given up waiting for a lock (`wait_for_locks_at_most`)."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "55P03"
 
 
 READ_ONLY = driver.READ_ONLY  # an execution option: the connection only reads

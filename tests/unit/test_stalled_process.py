@@ -13,6 +13,7 @@ from typing import Any
 from agent_jobs.leases import SEP, Holder, Leases, this_machine
 from agent_jobs.leases import _start_time as start_time
 from agent_jobs.runners.liveness import Liveness
+from tests.support.waiting import eventually
 
 
 class NoRedis:
@@ -43,3 +44,19 @@ def test_a_stopped_process_of_this_machine_keeps_its_steps_until_it_is_gone() ->
         stalled.kill()
         stalled.wait()
     assert recovered(process) == [process]  # gone now: taken at once
+
+
+def test_the_runs_whose_rows_stay_locked_are_recovered_again_soon() -> None:
+    """Recovery leaves for later a run whose row a lost host's open transaction locks
+    (runners/recovery.py): the recovery thread comes back to it, and to it alone."""
+    calls: list[set[str]] = []
+
+    def recover(process: str, runs: set[str]) -> set[str]:
+        calls.append(set(runs))
+        return {"run-2"} if len(calls) == 1 else set()  # locked the first time only
+
+    watcher = Liveness(Leases(NoRedis()), recover, timeout=0.3)  # type: ignore[arg-type]
+    elsewhere = SEP.join(("another-machine", "17", "1"))
+    watcher._recover(elsewhere, {"run-1", "run-2"})
+    eventually(lambda: len(calls) == 2, what="the locked run to be recovered again")
+    assert calls == [{"run-1", "run-2"}, {"run-2"}]
