@@ -26,7 +26,7 @@ from ..executor import StepEnv
 from ..store import RunView
 from ..store import events as event_rows
 from ..store import runs as run_rows
-from ..store.journal import IN_FLIGHT
+from ..store.holds import IN_FLIGHT
 
 PAUSED_BY = "paused by "  # `waiting_on` of a paused run
 RESUMED_BY = "resumed by "  # … and of a run resumed, until its next pass says more

@@ -49,17 +49,17 @@ from ..streams.base import RunStream, StreamBackend
 from . import journal_cache, reconcile, recovery
 from .liveness import Liveness, working_on
 from .replay import DurableHooks, drive, hooks_for, sent_as
+from .running import RUNNING, Running, heartbeat
 from .step_tasks import (
     IN_FLIGHT,
-    RUNNING,
     Completion,
     EagerEvents,
     Kept,
-    Running,
     claim,
     dead_letter,
-    heartbeat,
+    give_back,
     hold_back,
+    late_delivery,
     model_failed,
     on_own_queue,
     quiet_events,
@@ -356,19 +356,12 @@ class DurableRunner:
                 return
             except Exception:
                 log.warning("step %s of run %s goes to the broker", step, run_id, exc_info=True)
-                self._unclaim(run_id, kept)
-                self.dispatcher.steps(run_id, [kept.send])
+                if give_back(self.store, run_id, kept):  # not if it is no longer this process's
+                    self.dispatcher.steps(run_id, [kept.send])
                 return
             if following is None:
                 return
             kept = following
-
-    def _unclaim(self, run_id: str, kept: Kept) -> None:
-        try:
-            with self.store.begin() as conn:
-                journal_rows.unclaim(conn, run_id, kept.step, str(kept.holder))
-        except Exception as exc:  # the claim lapses; then the sweep sends the step
-            log.warning("could not give back %s of run %s: %s", kept.step, run_id, exc)
 
     def _step(
         self,
@@ -390,6 +383,8 @@ class DurableRunner:
         # is free. A kept step's lease is the claim its row was written with.
         if kept is None and not self.leases.take(run_id, step, holder, settings.step_lease):
             return f"{step} already running", None  # a duplicate delivery
+        taken = time.monotonic()
+        fence: int | None = None
         try:
             if kept is not None:
                 row, refused = kept.row, None  # written by the pass just now, under its lock
@@ -398,6 +393,7 @@ class DurableRunner:
                     known = functools.partial(self.journal_cache.last_model, run_id)
                     row = journal_rows.get_with_whole_intent(conn, run_id, step, known)
                 refused = refusal(row, step, task)
+            fence = getattr(row, "fence", None)
             if refused is not None:
                 if (
                     row is not None
@@ -419,6 +415,10 @@ class DurableRunner:
                     reconcile.check(self.store, guard)  # an unknown outcome is not given up
                     completion = dead_letter(step, attempt)
                 else:
+                    if kept is None and (
+                        late := late_delivery(self.store, settings, run_id, step, fence, taken)
+                    ):
+                        return late, None
                     reconcile.begin(self.store, guard)  # committed before the handler runs
                     completion = self._run_step(
                         row, step, holder, attempt, retries, claimed=kept is not None
@@ -431,13 +431,15 @@ class DurableRunner:
                 if found is None:  # parked until a person says how it ended
                     return f"{step} outcome unknown; {self.coordinate(run_id)}", None
                 completion = Completion(step, "done", found, attempt=attempt)
+            completion = replace(completion, fence=fence)  # written while the step is ours
             if guard is not None:  # its outcome is known once this is written
                 completion = replace(completion, call_id=guard.call_id)
             keep = keep and not on_own_queue(row)
             outcome, following = self._drive(run_id, completion, keep=keep)
             return completion.reported(outcome), following
         except RetryLater as later:  # held back (journal.not_before) until it is due
-            hold_back(self.store, later, settings.step_lease, run_id, step, kept)
+            if not hold_back(self.store, later, settings.step_lease, run_id, step, kept, fence):
+                return f"{step} no longer this delivery's: not retried from here", None
             raise
         finally:
             try:
@@ -462,7 +464,7 @@ class DurableRunner:
         env = StepEnv(app=self.app, stream=stream, limits=self.limits)
         intent = parse_intent(row.intent)
         started = utcnow()
-        running = Running(run_id, step, sent_as(intent), holder, claimed)
+        running = Running(run_id, step, sent_as(intent), holder, claimed, row.fence)
         lease = self.settings.step_lease
         with (
             heartbeat(self.leases, self.store, lease, running, attempt, started) as beat,

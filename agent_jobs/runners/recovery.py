@@ -17,12 +17,13 @@ from ..dispatch import Dispatcher
 from ..leases import SEP, Holder, Leases
 from ..settings import Settings
 from ..store import Store
+from ..store import holds as hold_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import lock_not_available, utcnow, wait_for_locks_at_most
 from ..streams.base import RunStream, StreamBackend
 from .replay import sent_as_journaled
-from .step_tasks import Running
+from .running import Running
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,12 @@ def adopt_orphans(store: Store, leases: Leases, dispatcher: Dispatcher, run_id: 
         return
     claimed = {r.step: Holder.parse(r.holder) for r in flying if r.holder is not None}
     dead = {step for step, holder in claimed.items() if holder is not None and holder.gone()}
+    dead -= leases.held(run_id, sorted(dead))  # taken over since by a live delivery
     dead |= leases.orphaned(run_id, [r.step for r in flying if r.step not in claimed])
     orphans = [(sent_as_journaled(r.intent), r.step) for r in flying if r.step in dead]
     if orphans:
+        with store.begin() as conn:  # whatever the dead holder left unwritten stays so
+            hold_rows.fence_steps(conn, run_id, [step for _, step in orphans])
         log.info("run %s: re-sending %s, whose process died", run_id, orphans)
         dispatcher.steps(run_id, orphans)
 
@@ -57,7 +61,9 @@ def recover_process(
     """`process` died working on `run_ids` (see runners/liveness.py): let go of what it
     held, claims in rows and leases in Redis, and send again each step in flight that
     nobody else holds (a dying process may have let its lease go already); a run with
-    none is re-driven (its process died in a pass).
+    none is re-driven (its process died in a pass). Each step let go of is fenced (its
+    epoch moves on): a process taken for dead that was only cut off, and comes back, can
+    finish its call but not write its outcome, renew its lease or send the step again.
 
     Returns the runs it could not let go of yet: a row of theirs stayed locked past
     `RECOVERY_LOCK_WAIT` (a lost host's transaction, open until Postgres finds its peer
@@ -69,18 +75,26 @@ def recover_process(
         try:
             with store.begin() as conn:
                 wait_for_locks_at_most(conn, RECOVERY_LOCK_WAIT)
-                claims = journal_rows.release_claims(conn, run_id, prefix)
-                released = {r.step: r.intent for r in claims}
                 flying = journal_rows.in_flight(conn, run_id)
+                # Steps it claimed that a live delivery has taken over since (another
+                # recovery of the same death sent them) are that delivery's now.
+                mine = [r.step for r in flying if (r.holder or "").startswith(prefix)]
+                claims = hold_rows.release_claims(
+                    conn, run_id, prefix, keep=leases.held(run_id, mine)
+                )
+                released = {r.step: r.intent for r in claims}
+                others = [r for r in flying if r.holder is None]
+                leased = {}
+                for step in leases.unheld(run_id, [r.step for r in others], prefix):
+                    leased[step] = next(r.intent for r in others if r.step == step)
+                hold_rows.fence_steps(conn, run_id, list(leased))
         except OperationalError as exc:
             if not lock_not_available(exc):
                 raise
             log.warning("run %s: a row of it is locked; its recovery comes back to it", run_id)
             later.add(run_id)
             continue
-        others = [r for r in flying if r.step not in released and r.holder is None]
-        for step in leases.unheld(run_id, [r.step for r in others], prefix):
-            released[step] = next(r.intent for r in others if r.step == step)
+        released |= leased
         steps = [(sent_as_journaled(intent), step) for step, intent in released.items()]
         log.info("run %s: process %s stopped beating; re-sending %s", run_id, process, steps)
         if steps:
@@ -94,10 +108,12 @@ def give_up(store: Store, leases: Leases, dispatcher: Dispatcher, running: Runni
     """A step's thread overran the hard time limit (tasks/watchdog.py): let go of its
     claim or lease and send the step again, as if its process had been killed."""
     run_id, step, holder = running.run_id, running.step, running.holder
-    if running.claimed:
-        with store.begin() as conn:
-            journal_rows.release_claims(conn, run_id, str(holder))
-    else:
+    with store.begin() as conn:
+        if running.claimed:
+            hold_rows.release_claims(conn, run_id, str(holder))
+        else:
+            hold_rows.fence_steps(conn, run_id, [step])
+    if not running.claimed:
         leases.release(run_id, step, holder)
     log.error("step %s of run %s overran its time limit: sent again", step, run_id)
     dispatcher.steps(run_id, [(running.task, step)])
@@ -160,7 +176,9 @@ def redrive_stale(store: Store, leases: Leases, dispatcher: Dispatcher, settings
         steps = [
             (sent_as_journaled(row.intent), row.step) for row in stranded if row.step not in running
         ]
-        if steps:
+        if steps:  # whoever let the lease run out writes nothing of them any more
+            with store.begin() as conn:
+                hold_rows.fence_steps(conn, run_id, [step for _, step in steps])
             log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)
             dispatcher.steps(run_id, steps)
         dispatcher.coordinate(run_id)

@@ -1,14 +1,11 @@
 """What a step task is made of, apart from the runner: the step's outcome as the pass it
-wakes writes it, when a delivery must leave a row alone, the heartbeat of a running step,
-and how a step run in a chain is reported."""
+wakes writes it, when a delivery must leave a row alone (or, come late, must call
+nothing), and how a step run in a chain is reported. The heartbeat of a running step is
+in runners/running.py."""
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
-import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -17,7 +14,6 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
 
-import redis
 from sqlalchemy import Connection
 
 from .. import observe
@@ -25,14 +21,16 @@ from ..app import AgentApp
 from ..dispatch import own_queue, tool_of
 from ..errors import Deferred, ModelError, RetryLater
 from ..executor import StepEnv
-from ..leases import Holder, Leases
+from ..leases import Holder
 from ..settings import Settings
 from ..steps import parse_intent
 from ..store import RunView, Store, outcomes
 from ..store import events as event_rows
+from ..store import holds as hold_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
+from .liveness import QUICK_SHARE
 from .replay import DurableHooks, task_for
 from .turn import ask_waterfall
 
@@ -138,7 +136,7 @@ def claim(run: RunView, hooks: DurableHooks, lease: float) -> Kept | None:
     task, step = hooks.to_dispatch.pop(mine[0])
     [written] = [r for r in hooks.new_rows if r["step"] == step]
     holder = Holder.me()
-    journal_rows.claim(written, str(holder), lease)
+    hold_rows.claim(written, str(holder), lease)
     # The row as a step task reads it (`journal.get_with_run`), its intent whole.
     snapshot = SimpleNamespace(
         **{**written, "intent": hooks.whole_intent(step)},
@@ -196,6 +194,9 @@ class Completion:
     # The non-idempotent action's call whose handler this step ran: its outcome is known
     # once this is written (runners/reconcile.py).
     call_id: str | None = None
+    # The step's epoch as the delivery that ran it read it: the outcome is written only
+    # while it is still that one (journal.fence; None: whatever it is).
+    fence: int | None = None
 
     def into(self, env: StepEnv, run: RunView, conn: Connection) -> None:
         """Hand what the pass writing this outcome reports to its `env`: the step's
@@ -218,6 +219,7 @@ class Completion:
             "error": self.error,
             "attempts": self.attempt,
             "started_at": self.started_at,
+            "fence": self.fence,
         }
 
 
@@ -233,190 +235,6 @@ def dead_letter(step: str, attempt: int) -> Completion:
     )
 
 
-class Beats:
-    """One thread a process beats for every step of the process that runs (a thread a
-    step cost more than a short step's own work)."""
-
-    def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)  # a pool process starts afresh
-
-    def _reset(self) -> None:
-        self._cond = threading.Condition()
-        self._due: dict[int, tuple[float, float, Callable[[], bool]]] = {}
-        self._ids = itertools.count()
-        self._beating: int | None = None
-        self._thread: threading.Thread | None = None
-        self._wakes_at = 0.0  # when the beating thread wakes by itself (inf: never)
-
-    def add(self, interval: float, beat: Callable[[], bool]) -> int:
-        """Call `beat` every `interval` seconds, first after one, until it returns False
-        or `remove` is called."""
-        with self._cond:
-            key = next(self._ids)
-            due = time.monotonic() + interval
-            self._due[key] = (due, interval, beat)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lease-beats", daemon=True)
-                self._thread.start()
-            if due < self._wakes_at:  # the beating thread sleeps past it: wake it
-                self._cond.notify()
-            return key
-
-    def remove(self, key: int) -> None:
-        """Stop beating; returns once a beat in progress has finished."""
-        with self._cond:
-            self._due.pop(key, None)
-            while self._beating == key:
-                self._cond.wait()
-
-    def _run(self) -> None:
-        while True:
-            key, beat = self._next()
-            try:
-                keep = beat()
-            except Exception:  # pragma: no cover - a beat logs its own failures
-                log.exception("a lease heartbeat failed")
-                keep = True
-            with self._cond:
-                if not keep:
-                    self._due.pop(key, None)
-                self._beating = None
-                self._cond.notify_all()
-
-    def _next(self) -> tuple[int, Callable[[], bool]]:
-        """Wait for the beat due first; mark it in progress."""
-        with self._cond:
-            while True:
-                if not self._due:
-                    self._wakes_at = math.inf
-                    self._cond.wait()
-                    continue
-                key, (due, interval, beat) = min(self._due.items(), key=lambda kv: kv[1][0])
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self._wakes_at = due
-                    self._cond.wait(wait)
-                    continue
-                self._wakes_at = 0.0  # awake: it looks at the beats due before sleeping
-                self._due[key] = (time.monotonic() + interval, interval, beat)
-                self._beating = key
-                return key, beat
-
-
-BEATS = Beats()
-
-
-@dataclass(frozen=True)
-class Running:
-    """A step this process is carrying out, on the thread that runs it."""
-
-    run_id: str
-    step: str
-    task: str  # the step task that carries it out
-    holder: Holder
-    claimed: bool  # its lease is its row's claim, not a Redis lease
-
-
-class RunningSteps:
-    """The steps this process's threads are carrying out, and the ones given up on: a
-    step whose thread overran the hard time limit is sent again, and whatever that
-    thread writes later is refused (its holder is fenced)."""
-
-    def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)  # a pool process starts afresh
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._by_thread: dict[int, tuple[Running, int | None]] = {}
-        self._fenced: set[str] = set()
-
-    @contextmanager
-    def track(self, running: Running, beat: int | None = None) -> Iterator[None]:
-        """The calling thread carries out `running`, its lease kept by the heartbeat
-        `beat` (a key of `BEATS`)."""
-        thread = threading.get_ident()
-        with self._lock:
-            self._by_thread[thread] = (running, beat)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._by_thread.pop(thread, None)
-
-    def on(self, thread: int) -> bool:
-        """Whether `thread` is carrying out a step now."""
-        with self._lock:
-            return thread in self._by_thread
-
-    def give_up(self, thread: int) -> Running | None:
-        """Fence the step `thread` runs, if any, and stop its heartbeat (which would
-        otherwise take its lease back once it is let go of); returns the step."""
-        with self._lock:
-            tracked = self._by_thread.pop(thread, None)
-            if tracked is None:
-                return None
-            running, beat = tracked
-            self._fenced.add(str(running.holder))
-        if beat is not None:
-            BEATS.remove(beat)  # returns once a beat in progress has finished
-        return running
-
-    def fenced(self, holder: Holder) -> bool:
-        """Whether the step run under `holder` was given up on (and forget it)."""
-        with self._lock:
-            if str(holder) in self._fenced:
-                self._fenced.discard(str(holder))
-                return True
-            return False
-
-
-RUNNING = RunningSteps()
-
-
-@contextmanager
-def heartbeat(
-    leases: Leases, store: Store, lease: float, running: Running, attempt: int, started: datetime
-) -> Iterator[int]:
-    """While the step runs: keep its lease alive, and show it `started` once it
-    has run for a moment (a short delivered step goes from scheduled to done in one commit).
-
-    A `claimed` step's lease is its journal row's (the pass that scheduled it claimed
-    it); any other's is in Redis, and the row's lease only keeps the sweep off it.
-    """
-    run_id, step, holder, claimed = running.run_id, running.step, running.holder, running.claimed
-
-    def keep() -> bool:
-        if not claimed:
-            try:
-                if not leases.refresh(run_id, step, holder, lease):
-                    return False  # another delivery holds it now
-            except redis.RedisError as exc:
-                log.warning("could not renew the lease of %s/%s: %s", run_id, step, exc)
-        # Postgres too: while Redis is away, this keeps the sweep off the step.
-        try:
-            with store.begin() as conn:
-                journal_rows.mark_started(
-                    conn,
-                    run_id,
-                    step,
-                    attempt=attempt,
-                    started_at=started,
-                    lease=lease,
-                    holder=str(holder) if claimed else None,
-                )
-        except Exception as exc:  # the step goes on; the sweep is the backstop
-            log.warning("heartbeat of %s/%s failed: %s", run_id, step, exc)
-        return True
-
-    key = BEATS.add(min(lease / 3, 1.0), keep)
-    try:
-        yield key
-    finally:
-        BEATS.remove(key)
-
-
 def _claimed(row: Any) -> bool:
     """Whether the step's row is claimed by a process that may still be running it (the
     pass that scheduled it claimed it, and the claim has neither lapsed nor lost its
@@ -427,20 +245,72 @@ def _claimed(row: Any) -> bool:
     return holder is None or not holder.gone()
 
 
+def late_delivery(
+    store: Store, settings: Settings, run_id: str, step: str, fence: int | None, taken: float
+) -> str | None:
+    """Why a delivery that took long to get here since it took the step's lease at
+    `taken` (its row read, its attempt counted: calls that may have hung through a
+    network cut and come back with what was true before it) must not call anything after
+    all: the step finished meanwhile, or was let go of and sent again (its epoch moved on
+    from `fence`). None to go on. A quick delivery needs no second look: nobody takes a
+    step from a process that beats."""
+    if time.monotonic() - taken < settings.process_timeout * QUICK_SHARE:
+        return None
+    with store.connect() as conn:
+        row = journal_rows.get(conn, run_id, step)
+    if row is None or row.state not in IN_FLIGHT:
+        state = "gone" if row is None else row.state
+        log.warning("step %s of run %s was delivered late: already %s", step, run_id, state)
+        return f"{step} already {state}"
+    if fence is not None and row.fence != fence:
+        log.warning("step %s of run %s was delivered late: sent again since", step, run_id)
+        return f"{step} sent again since this delivery took it"
+    return None
+
+
+def give_back(store: Store, run_id: str, kept: Kept) -> bool:
+    """Give a kept step back to the broker; False when its claim is no longer this
+    process's (recovery let go of it and sent the step again)."""
+    try:
+        with store.begin() as conn:
+            return hold_rows.unclaim(conn, run_id, kept.step, str(kept.holder))
+    except Exception as exc:  # the claim lapses; then the sweep sends the step
+        log.warning("could not give back %s of run %s: %s", kept.step, run_id, exc)
+        return True
+
+
 def hold_back(
-    store: Store, later: RetryLater, lease: float, run_id: str, step: str, kept: Kept | None
-) -> None:
+    store: Store,
+    later: RetryLater,
+    lease: float,
+    run_id: str,
+    step: str,
+    kept: Kept | None,
+    fence: int | None = None,
+) -> bool:
     """The step goes back to the broker for `later.delay` seconds: recovery and the sweep
     leave it alone until then (`journal.not_before`), with the event saying why. A step
     deferred for capacity made no attempt: the claim of a step a pass `kept`, which
-    counted one, is given back first."""
-    with store.begin() as conn:
-        if kept is not None and isinstance(later, Deferred):
-            journal_rows.unclaim(conn, run_id, step, str(kept.holder))
-        not_before = utcnow() + timedelta(seconds=later.delay)
-        journal_rows.hold(conn, run_id, step, not_before=not_before, lease=lease)
-        if later.event is not None:
-            event_rows.append(conn, [later.event])
+    counted one, is given back first. False, and nothing written, when the step is no
+    longer this delivery's (its epoch moved on from `fence`): it must not be sent again."""
+    try:
+        with store.begin() as conn:
+            if kept is not None and isinstance(later, Deferred):
+                hold_rows.unclaim(conn, run_id, step, str(kept.holder))
+            not_before = utcnow() + timedelta(seconds=later.delay)
+            if not hold_rows.hold(
+                conn, run_id, step, not_before=not_before, lease=lease, fence=fence
+            ):
+                raise _NotOurs  # rolls back what this transaction wrote
+            if later.event is not None:
+                event_rows.append(conn, [later.event])
+    except _NotOurs:
+        return False
+    return True
+
+
+class _NotOurs(Exception):
+    """The step's epoch moved on: this delivery writes nothing."""
 
 
 def model_failed(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -27,11 +27,11 @@ from . import events as event_rows
 from . import runs as run_rows
 from .db import insert_unless_exists, utcnow
 from .events import PendingEvent
+from .holds import FENCED, IN_FLIGHT
 from .model_requests import MODEL_TURN, expand
 from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
-IN_FLIGHT = ("scheduled", "started")  # a remote step sent, not yet done or failed
 
 
 def load(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
@@ -96,88 +96,6 @@ def insert_pending(
     return insert_unless_exists(conn, journal, values)
 
 
-def mark_started(
-    conn: Connection,
-    run_id: str,
-    step: str,
-    *,
-    attempt: int,
-    started_at: datetime,
-    lease: float,
-    holder: str | None = None,
-) -> bool:
-    """Show a long-running step as started, with the lease its worker keeps alive.
-
-    `holder` is the claimant when the lease lives here (a step claimed by the pass that
-    scheduled it); None when Redis holds it, which also clears a claim a dead process
-    left behind.
-    """
-    values = {"b_run_id": run_id, "b_step": step, "b_attempt": attempt, "b_holder": holder}
-    values |= {"b_started_at": started_at, "b_until": utcnow() + timedelta(seconds=lease)}
-    return driver.rowcount(conn, _MARK_STARTED, values) == 1
-
-
-_MARK_STARTED = (
-    update(journal)
-    .where(
-        journal.c.run_id == bindparam("b_run_id"),
-        journal.c.step == bindparam("b_step"),
-        driver.among(journal.c.state, IN_FLIGHT),
-    )
-    .values(
-        state="started",
-        attempts=bindparam("b_attempt"),
-        started_at=bindparam("b_started_at"),
-        lease_until=bindparam("b_until"),
-        holder=bindparam("b_holder"),
-    )
-)
-
-
-def claim(values: dict[str, Any], holder: str, lease: float) -> None:
-    """Make a `scheduled` row of `row()` one the pass's own process runs at once: its
-    first attempt, started now, leased to `holder` (written with the pass, no round trip)."""
-    now = utcnow()
-    values.update(
-        state="started",
-        attempts=1,
-        started_at=now,
-        lease_until=now + timedelta(seconds=lease),
-        holder=holder,
-    )
-
-
-def unclaim(conn: Connection, run_id: str, step: str, holder: str) -> bool:
-    """Give a claimed step back to the broker: `scheduled` again, for whoever is sent it."""
-    result = conn.execute(
-        update(journal)
-        .where(
-            journal.c.run_id == run_id,
-            journal.c.step == step,
-            journal.c.holder == holder,
-            journal.c.state.in_(("scheduled", "started")),
-        )
-        .values(state="scheduled", attempts=0, started_at=None, lease_until=None, holder=None)
-    )
-    return result.rowcount == 1
-
-
-def release_claims(conn: Connection, run_id: str, prefix: str) -> Sequence[Row[Any]]:
-    """Let go of the run's steps claimed by holders whose names start with `prefix` (a
-    process that died, or one holder given up on): the attempt begun stays counted, and
-    whoever is sent the step may take it. Returns the rows let go."""
-    return conn.execute(
-        update(journal)
-        .where(
-            journal.c.run_id == run_id,
-            journal.c.state.in_(("scheduled", "started")),
-            func.substr(journal.c.holder, 1, len(prefix)) == prefix,
-        )
-        .values(lease_until=None, holder=None)
-        .returning(journal.c.step, journal.c.intent)
-    ).all()
-
-
 _WITH_RUN = (
     select(
         journal,
@@ -189,18 +107,6 @@ _WITH_RUN = (
     .join(runs, runs.c.id == journal.c.run_id)
     .where(journal.c.run_id == bindparam("run_id"), journal.c.step == bindparam("step"))
 )
-
-
-def hold(conn: Connection, run_id: str, step: str, *, not_before: datetime, lease: float) -> None:
-    """Hold a step in flight back until `not_before` (a retry later, a model step waiting
-    for capacity): recovery and the sweep leave it alone until then, and a lease longer
-    (for the delivery sent for then to take it). A pass's claim is let go of."""
-    until = not_before + timedelta(seconds=lease)
-    conn.execute(
-        update(journal)
-        .where(journal.c.run_id == run_id, journal.c.step == step, journal.c.state.in_(IN_FLIGHT))
-        .values(not_before=not_before, lease_until=until, holder=None)
-    )
 
 
 def _due(now: datetime) -> Any:
@@ -292,9 +198,11 @@ def complete(
     error: str | None = None,
     attempts: int | None = None,
     started_at: datetime | None = None,
+    fence: int | None = None,
 ) -> bool:
-    """Write a step's outcome; the first writer wins."""
-    values = _outcome(run_id, step, state, result, error, attempts, started_at)
+    """Write a step's outcome; the first writer wins, and with `fence` only while the
+    step's epoch is that one (its holder was not let go of meanwhile)."""
+    values = _outcome(run_id, step, state, result, error, attempts, started_at, fence)
     return driver.rowcount(conn, _COMPLETE, values) == 1
 
 
@@ -308,13 +216,14 @@ def complete_and_load(
     error: str | None = None,
     attempts: int | None = None,
     started_at: datetime | None = None,
+    fence: int | None = None,
     after: int = 0,
 ) -> Sequence[Any]:
     """`complete`, then `load_for_replay` (from `after`): on Postgres in one statement
     (the outcome's row as written, the others as they were), the two in a row on SQLite.
     A completed step is in flight until now, so it is after any position whose rows
     (and those before it) the replay knows to be final."""
-    values = _outcome(run_id, step, state, result, error, attempts, started_at)
+    values = _outcome(run_id, step, state, result, error, attempts, started_at, fence)
     if conn.dialect.name != "postgresql":
         conn.execute(_COMPLETE, values)
         return load_for_replay(conn, run_id, after=after)
@@ -364,9 +273,11 @@ def _outcome(
     error: str | None = None,
     attempts: int | None = None,
     started_at: datetime | None = None,
+    fence: int | None = None,
 ) -> dict[str, Any]:
     now = utcnow()
     return {
+        "b_fence": fence,
         "b_run_id": run_id,
         "b_step": step,
         "b_state": state,
@@ -384,6 +295,7 @@ _COMPLETE = (
         journal.c.run_id == bindparam("b_run_id"),
         journal.c.step == bindparam("b_step"),
         driver.among(journal.c.state, (*IN_FLIGHT, "waiting")),
+        FENCED,
     )
     .values(
         state=bindparam("b_state"),
@@ -471,4 +383,6 @@ def row(
         "lease_until": None,
         "finished_at": now if done else None,
         "holder": None,
+        "not_before": None,
+        "fence": 0,
     }

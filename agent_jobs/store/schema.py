@@ -223,6 +223,11 @@ journal = Table(
     # A remote step held back until then (a deliberate retry later, a provider's rate
     # limit): recovery and the sweep leave it alone until this moment.
     Column("not_before", DateTime(timezone=True), nullable=True),
+    # The step's epoch: moved on each time its holder is let go of (taken for dead, given
+    # up at its time limit, its lease run out), so whatever that holder writes later (its
+    # outcome, a renewed lease, a retry) is refused: only a delivery that read the epoch
+    # as it is now writes (runners/durable.py).
+    Column("fence", Integer, nullable=False, server_default="0"),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)
 

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from agent_jobs.leases import SEP, Leases
 from agent_jobs.runners.recovery import recover_process
 from agent_jobs.steps import InvokeTool
-from agent_jobs.store import Store
+from agent_jobs.store import Store, holds
 from agent_jobs.store import journal as journal_rows
 from agent_jobs.store.db import utcnow
 from tests.support.builders import add_run
@@ -64,7 +64,7 @@ def claimed_step(store: Store, run_id: str) -> None:
         journal_rows.insert_pending(
             conn, run_id=run_id, step="tool:call_1", seq=1, intent=intent(run_id), state="scheduled"
         )
-        journal_rows.mark_started(
+        holds.mark_started(
             conn,
             run_id,
             "tool:call_1",

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from agent_jobs.messages import Message, ToolCall
-from agent_jobs.store import Store, journal, runs, threads, toolcalls
+from agent_jobs.store import Store, holds, journal, runs, threads, toolcalls
 from agent_jobs.store import usage as usage_rows
 from agent_jobs.store.schema import runs as runs_table
 from tests.support.builders import add_run
@@ -89,12 +89,10 @@ def test_journal_first_writer_wins(store: Store) -> None:
             conn, run_id="r", step="tool:c1", seq=1, intent={"x": 2}, state="scheduled"
         )
         started = utcnow()
-        assert journal.mark_started(conn, "r", "tool:c1", attempt=2, started_at=started, lease=30)
+        assert holds.mark_started(conn, "r", "tool:c1", attempt=2, started_at=started, lease=30)
         assert journal.complete(conn, "r", "tool:c1", state="done", result={"v": 1}, attempts=2)
         assert not journal.complete(conn, "r", "tool:c1", state="done", result={"v": 2})
-        assert not journal.mark_started(
-            conn, "r", "tool:c1", attempt=3, started_at=started, lease=30
-        )
+        assert not holds.mark_started(conn, "r", "tool:c1", attempt=3, started_at=started, lease=30)
     [row] = store.journal("r")
     assert (row["state"], row["result"], row["attempts"], row["intent"]) == (
         "done",
@@ -457,7 +455,7 @@ def test_a_passs_journal_rows_and_events_are_written_as_given(store: Store) -> N
         journal.row(run_id="odd", step="b", seq=2, state="scheduled", intent={"n": 0}),
         journal.row(run_id="odd", step="c", seq=3, state="done", intent=None, result=[1, "x"]),
     ]
-    journal.claim(rows[1], "me|1|2|token", 30)
+    holds.claim(rows[1], "me|1|2|token", 30)
     with store.begin() as conn:
         journal.insert_many(conn, rows, [("t1", "odd", "step/start", {"text": odd["unicode"]})])
         journal.insert_many(
