@@ -16,7 +16,7 @@ from celery import Celery, group
 from kombu import Exchange, Queue
 from kombu.exceptions import OperationalError
 
-from .transport import transport_for
+from .transport import transport_for, transport_options
 
 START_RUN = "agent_jobs.start_run"
 COORDINATE = "agent_jobs.coordinate"
@@ -154,6 +154,7 @@ def celery_client(broker_url: str, queue: str | None = None) -> Celery:
     client.conf.update(routing_config(queue))
     if (transport := transport_for(broker_url)) is not None:
         client.conf.broker_transport = transport
+    client.conf.broker_transport_options = transport_options()
     return client
 
 

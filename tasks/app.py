@@ -8,7 +8,7 @@ from kombu import Exchange, Queue
 from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.retention import PRUNE
 from agent_jobs.settings import Settings, get_settings
-from agent_jobs.transport import transport_for
+from agent_jobs.transport import transport_for, transport_options
 
 from . import logs
 from .reaper import ReapDeadProcesses
@@ -56,7 +56,11 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_soft_time_limit=max(1.0, hard_limit - 5),
         # Redis hands an unacknowledged message to another worker after this long; it
         # must outlast the longest step, or a slow step would run twice.
-        broker_transport_options={"visibility_timeout": int(hard_limit * 2 + 60)},
+        # A half-open broker connection is dropped in seconds (agent_jobs/transport.py).
+        # An idle worker waits for messages on the deployment's queue (agent_jobs/transport.py).
+        broker_transport_options=transport_options(
+            visibility_timeout=int(hard_limit * 2 + 60), fetch_wait_queue=settings.queue
+        ),
         # Operators watch Flower: workers send task events (received, started,
         # succeeded). No "sent" event: it would cost a publish on every enqueue.
         worker_send_task_events=True,
