@@ -16,6 +16,7 @@ refuses (first writer wins) and whose side effects the idempotency key guards.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -224,6 +225,19 @@ class Holder:
         if fields[0] in ("Z", "X"):  # killed, waiting to be reaped
             return True
         return len(fields) > 19 and fields[19] != self.started  # the pid was reused
+
+
+def session_name(process: str) -> str:
+    """The `application_name` of every Postgres session of `process` (a `Holder.process`):
+    recovery ends the sessions of a process it took for dead whose open transaction still
+    locks a row it needs (runners/recovery.py). A digest: the name has 63 bytes at most."""
+    return "agent_jobs " + hashlib.sha256(process.encode()).hexdigest()[:32]
+
+
+def my_session_name() -> str:
+    """This process's `session_name`, read as a connection opens (a forked child's own)."""
+    pid = os.getpid()
+    return session_name(SEP.join((this_machine(), str(pid), _own_start_time(pid))))
 
 
 def holder_prefix(machine: str, pid: int) -> str:

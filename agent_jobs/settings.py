@@ -66,7 +66,7 @@ class Settings(SettingsBase):
     # TCP keepalives (probes each second after a third of it) and a limit on data sent
     # and not acknowledged, asked of libpq and of the server's session. So a host cut off
     # from the network holds no row lock (its open transaction) for longer than this.
-    database_keepalive: float = Field(default=6.0, ge=1)
+    database_keepalive: float = Field(default=4.0, ge=1)
     # On Postgres, a session idle inside a transaction this long is ended by the server
     # (its transaction rolled back): a client alive but stuck keeps no lock longer. None:
     # the server's own setting.

@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_send_sent_event=False,
         task_track_started=True,
         worker_hijack_root_logger=False,
+        # Reconnects to the broker at most a second apart (kombu's: up to 30 s).
+        worker_consumer="tasks.consumer:Consumer",
         beat_schedule={
             "agent-jobs-sweep": {"task": SWEEP, "schedule": settings.sweep_interval},
         },

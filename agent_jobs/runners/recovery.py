@@ -14,13 +14,13 @@ from sqlalchemy.exc import OperationalError
 from ..app import AgentApp
 from ..approvals import deadlines
 from ..dispatch import Dispatcher
-from ..leases import SEP, Holder, Leases
+from ..leases import SEP, Holder, Leases, session_name
 from ..settings import Settings
 from ..store import Store
 from ..store import holds as hold_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
-from ..store.db import lock_not_available, utcnow, wait_for_locks_at_most
+from ..store.db import end_sessions_of, lock_not_available, utcnow, wait_for_locks_at_most
 from ..streams.base import RunStream, StreamBackend
 from .replay import sent_as_journaled
 from .running import Running
@@ -78,23 +78,28 @@ def recover_process(
                 flying = journal_rows.in_flight(conn, run_id)
                 # Steps it claimed that a live delivery has taken over since (another
                 # recovery of the same death sent them) are that delivery's now.
-                mine = [r.step for r in flying if (r.holder or "").startswith(prefix)]
-                claims = hold_rows.release_claims(
-                    conn, run_id, prefix, keep=leases.held(run_id, mine)
-                )
+                mine = {r.step for r in flying if (r.holder or "").startswith(prefix)}
+                kept = leases.held(run_id, sorted(mine))
+                claims = hold_rows.release_claims(conn, run_id, prefix, keep=kept, skip_locked=True)
                 released = {r.step: r.intent for r in claims}
                 others = [r for r in flying if r.holder is None]
                 leased = {}
                 for step in leases.unheld(run_id, [r.step for r in others], prefix):
                     leased[step] = next(r.intent for r in others if r.step == step)
-                hold_rows.fence_steps(conn, run_id, list(leased))
-        except OperationalError as exc:
+                fenced = hold_rows.fence_steps(conn, run_id, list(leased), skip_locked=True)
+        except OperationalError as exc:  # the run's row itself was locked too long
             if not lock_not_available(exc):
                 raise
+            released, locked = {}, True
+        else:
+            released |= {step: intent for step, intent in leased.items() if step in fenced}
+            locked = bool(mine - kept - released.keys() or leased.keys() - fenced)
+        if locked:  # a row a lost host's open transaction locks: the others go now
             log.warning("run %s: a row of it is locked; its recovery comes back to it", run_id)
             later.add(run_id)
-            continue
-        released |= leased
+            end_sessions(store, process)
+            if not released:
+                continue
         steps = [(sent_as_journaled(intent), step) for step, intent in released.items()]
         log.info("run %s: process %s stopped beating; re-sending %s", run_id, process, steps)
         if steps:
@@ -102,6 +107,20 @@ def recover_process(
         else:
             dispatcher.coordinate(run_id)
     return later
+
+
+def end_sessions(store: Store, process: str) -> None:
+    """End the Postgres sessions of `process`, taken for dead: a transaction it left open
+    (cut off from the network mid-write) would lock its rows until Postgres found the
+    peer gone, `AGENT_JOBS_DATABASE_KEEPALIVE` seconds; ended, they are free at once."""
+    try:
+        with store.begin() as conn:
+            ended = end_sessions_of(conn, session_name(process))
+    except Exception as exc:  # the keepalive lets them go in seconds anyway
+        log.warning("could not end the database sessions of process %s: %s", process, exc)
+        return
+    if ended:
+        log.warning("ended %d database session(s) of process %s, taken for dead", ended, process)
 
 
 def give_up(store: Store, leases: Leases, dispatcher: Dispatcher, running: Running) -> None:

@@ -126,6 +126,7 @@ def make_engine(
         )
         _SCHEMAS[engine] = schema
         driver.install(engine)
+        event.listen(engine, "do_connect", _name_session)
         return engine
     raise ConfigurationError(
         f"unsupported database {parsed.get_backend_name()!r}: use sqlite:/// or postgresql+psycopg://"
@@ -160,6 +161,29 @@ def postgres_connect_args(
         "keepalives_count": count,
         "tcp_user_timeout": user_timeout,
     }
+
+
+def _name_session(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    """Name each Postgres session after the process that opens it (`session_name`)."""
+    from ..leases import my_session_name
+
+    cparams["application_name"] = my_session_name()
+
+
+def end_sessions_of(conn: Connection, name: str) -> int:
+    """End the Postgres sessions named `name` (a process taken for dead: its open
+    transactions are rolled back and their locks let go); how many. Any session of the
+    same database role may be ended so. SQLite: none."""
+    if conn.dialect.name != "postgresql":
+        return 0
+    ended = conn.execute(
+        text(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = :name AND pid <> pg_backend_pid()"
+        ),
+        {"name": name},
+    )
+    return int(ended.scalar_one())
 
 
 def wait_for_locks_at_most(conn: Connection, seconds: float) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Row, bindparam, func, or_, update
+from sqlalchemy import Connection, Integer, Row, bindparam, func, or_, select, tuple_, update
 
 from . import driver
 from .db import utcnow
@@ -92,12 +92,18 @@ def unclaim(conn: Connection, run_id: str, step: str, holder: str) -> bool:
 
 
 def release_claims(
-    conn: Connection, run_id: str, prefix: str, keep: Collection[str] = ()
+    conn: Connection,
+    run_id: str,
+    prefix: str,
+    keep: Collection[str] = (),
+    *,
+    skip_locked: bool = False,
 ) -> Sequence[Row[Any]]:
     """Let go of the run's steps claimed by holders whose names start with `prefix` (a
     process that died, or one holder given up on), but those in `keep` (taken over since
     by a live delivery): the attempt begun stays counted, the step's epoch moves on, and
-    whoever is sent the step may take it. Returns the rows let go."""
+    whoever is sent the step may take it. With `skip_locked` (Postgres), a row another
+    transaction locks is left as it is. Returns the rows let go."""
     where = [
         journal.c.run_id == run_id,
         journal.c.state.in_(IN_FLIGHT),
@@ -107,26 +113,43 @@ def release_claims(
         where.append(journal.c.step.not_in(list(keep)))
     return conn.execute(
         update(journal)
-        .where(*where)
+        .where(*_unlocked(where, skip_locked))
         .values(lease_until=None, holder=None, fence=journal.c.fence + 1)
         .returning(journal.c.step, journal.c.intent)
     ).all()
 
 
-def fence_steps(conn: Connection, run_id: str, steps: Sequence[str]) -> None:
+def fence_steps(
+    conn: Connection, run_id: str, steps: Sequence[str], *, skip_locked: bool = False
+) -> set[str]:
     """Let go of whoever holds these steps of the run in flight (a Redis lease of a
     process taken for dead, a lease run out): their epoch moves on, so what that holder
-    writes later is refused. Whoever is sent the step next reads the new epoch."""
-    if steps:
-        conn.execute(
-            update(journal)
-            .where(
-                journal.c.run_id == run_id,
-                journal.c.step.in_(list(steps)),
-                journal.c.state.in_(IN_FLIGHT),
-            )
-            .values(fence=journal.c.fence + 1)
-        )
+    writes later is refused. Whoever is sent the step next reads the new epoch. With
+    `skip_locked` (Postgres), a row another transaction locks is left as it is. Returns
+    the steps fenced."""
+    if not steps:
+        return set()
+    where = [
+        journal.c.run_id == run_id,
+        journal.c.step.in_(list(steps)),
+        journal.c.state.in_(IN_FLIGHT),
+    ]
+    fenced = conn.execute(
+        update(journal)
+        .where(*_unlocked(where, skip_locked))
+        .values(fence=journal.c.fence + 1)
+        .returning(journal.c.step)
+    )
+    return {row.step for row in fenced}
+
+
+def _unlocked(where: list[Any], skip_locked: bool) -> list[Any]:
+    """`where`, or (with `skip_locked`) the rows of `where` no other transaction locks:
+    recovery goes past a row a lost host's open transaction still holds, and comes back."""
+    if not skip_locked:
+        return where
+    free = select(journal.c.run_id, journal.c.step).where(*where).with_for_update(skip_locked=True)
+    return [tuple_(journal.c.run_id, journal.c.step).in_(free)]
 
 
 def hold(

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
-from agent_jobs.leases import SEP, Leases
+from agent_jobs.leases import SEP, Leases, session_name
 from agent_jobs.runners.recovery import recover_process
 from agent_jobs.steps import InvokeTool
 from agent_jobs.store import Store, holds
@@ -148,18 +149,18 @@ def test_every_connection_asks_both_sides_to_find_a_silent_peer_gone(
         }
         raw: Any = conn.connection.dbapi_connection
         client = raw.info.get_parameters()
-    # The default: a peer silent 6 s is gone, on the server's side (shown) and libpq's.
+    # The default: a peer silent 4 s is gone, on the server's side (shown) and libpq's.
     assert shown == {
-        "tcp_keepalives_idle": "2",
+        "tcp_keepalives_idle": "1",
         "tcp_keepalives_interval": "1",
-        "tcp_keepalives_count": "4",
-        "tcp_user_timeout": "6000",
+        "tcp_keepalives_count": "3",
+        "tcp_user_timeout": "4000",
         "idle_in_transaction_session_timeout": "1min",
     }
     assert (client["keepalives"], client["keepalives_idle"], client["tcp_user_timeout"]) == (
         "1",
-        "2",
-        "6000",
+        "1",
+        "4000",
     )
     monkeypatch.setenv("AGENT_JOBS_DATABASE_KEEPALIVE", "12")
     monkeypatch.setenv("AGENT_JOBS_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT", "5")
@@ -175,3 +176,32 @@ def test_every_connection_asks_both_sides_to_find_a_silent_peer_gone(
     finally:
         get_settings.cache_clear()
     assert (idle, user_timeout) == ("5s", "12000")
+
+
+def test_the_sessions_of_a_process_taken_for_dead_are_ended_so_its_locks_go(
+    pg_store: Store, redis_url: str, pg_url: str
+) -> None:
+    """Postgres would keep the lost host's transaction until it found the peer gone
+    (`AGENT_JOBS_DATABASE_KEEPALIVE`): every session is named after its process, and
+    recovery ends those of the process it took for dead, so the locked run is recovered
+    on its next try, not seconds later."""
+    claimed_step(pg_store, "r1")
+    sent = Sent()
+    dispatcher: Any = sent
+    leases = Leases(redis.Redis.from_url(redis_url))
+    url = pg_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    as_lost = create_engine(url, connect_args={"application_name": session_name(LOST)})
+    lost = as_lost.connect()
+    lost.begin()
+    lost.execute(text("UPDATE agent_jobs.journal SET state = 'started' WHERE run_id = 'r1'"))
+    try:
+        assert recover_process(pg_store, leases, dispatcher, LOST, {"r1"}) == {"r1"}
+        assert sent.steps_of("r1") == []
+        # Its session was ended: its transaction rolled back, the row free.
+        assert recover_process(pg_store, leases, dispatcher, LOST, {"r1"}) == set()
+        assert sent.steps_of("r1") == ["tool:call_1"]
+        with pytest.raises(OperationalError):
+            lost.execute(text("SELECT 1"))
+    finally:
+        lost.close()
+        as_lost.dispose()
