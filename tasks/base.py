@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
+import time
+from typing import Any
 
 import redis
 from celery import Task
+from celery.exceptions import Reject
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from agent_jobs.dispatch import BROKER_ERRORS
 from agent_jobs.settings import get_settings
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _client: redis.Redis | None = None
@@ -38,3 +46,29 @@ class AgentJobsTask(Task):  # type: ignore[type-arg]
     autoretry_for = (OperationalError, InterfaceError, PoolTimeout)
     retry_backoff = 1
     max_retries = 8
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's retry, except that a retry the broker cannot take now is not dropped.
+
+        Celery 5.7 publishes a retry as a new message and, when that publish fails, rejects
+        the message it was running without requeueing it: a `start_run` whose database
+        and broker were both cut off (a host cut off from the network) was lost so. Here
+        the publish is tried again, half a second then up to five seconds apart, until the
+        broker takes it, for as long as the task may run (its time limit ends it; then
+        its message, unacknowledged, comes back).
+        """
+        for attempt in itertools.count():
+            try:
+                return super().retry(*args, **kwargs)
+            except Reject as refused:
+                reason = refused.args[0] if refused.args else None
+                if not isinstance(reason, BROKER_ERRORS):
+                    raise
+                log.warning(
+                    "task %s[%s]: the broker refused its retry (%s); trying again",
+                    self.name,
+                    self.request.id,
+                    reason,
+                )
+                time.sleep(min(5.0, 0.5 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -6,9 +6,13 @@ starts beat, so what recovers the runs here is not the sweep.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import redis
 
 from agent_jobs.dispatch import CeleryDispatcher, celery_client
@@ -149,3 +153,56 @@ def test_a_send_the_broker_refuses_after_the_commit_is_sent_once_it_is_back(
         streams.client.close()
         store.engine.dispose()
         broker.close()
+
+
+def test_a_retry_the_broker_cannot_take_waits_for_it_instead_of_dropping_the_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery publishes a retry as a new message and, when that fails, rejects the message
+    it ran without requeueing it: a `start_run` whose database and broker were both cut
+    off was lost (the partition lab found two). The retry waits for the broker."""
+    from celery.exceptions import Retry
+
+    import tasks.base
+    from tasks.app import create_app
+
+    waits: list[float] = []
+    sleep = time.sleep
+    # The waits between two tries, noted (and kept short: the broker is back when told).
+    monkeypatch.setattr(
+        tasks.base, "time", SimpleNamespace(sleep=lambda s: (waits.append(s), sleep(0.05)))
+    )
+    server = RedisServer().start()
+    try:
+        settings = Settings(broker_url=server.url(0), queue="retry-probe")
+        celery = create_app(settings)
+        task = celery.tasks["agent_jobs.coordinate"]
+        outcome: list[BaseException] = []
+
+        def retry() -> None:  # as a worker's thread running the task does
+            task.push_request(
+                id="retry-probe-1", args=["run-1"], kwargs={}, retries=0, called_directly=False
+            )
+            try:
+                task.retry(countdown=1, max_retries=8)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                task.pop_request()
+
+        server.stop()  # the broker is away when the retry is sent
+        retrying = threading.Thread(target=retry, daemon=True)
+        retrying.start()
+        client = redis.Redis(port=server.port)
+        try:
+            eventually(lambda: waits, what="the retry to be refused once, and waited on")
+            assert outcome == []  # not given up on: the message is not dropped
+            server.start()
+            eventually(lambda: outcome, what="the retry to be sent once the broker is back")
+            assert isinstance(outcome[0], Retry), outcome
+            assert client.llen("retry-probe") == 1  # the retry, in the queue
+        finally:
+            client.close()
+            celery.close()
+    finally:
+        server.close()
