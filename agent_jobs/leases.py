@@ -146,6 +146,19 @@ return {steady, taken}
 """
 
 
+# Note a run worked on by ARGV[1] (ARGV[2] is `run_id|token`); the process is among those
+# that beat from now, if it was not (scored now, by Redis's clock).
+_HOLD = """
+redis.call('sadd', KEYS[2], ARGV[2])
+if not redis.call('zscore', KEYS[1], ARGV[1]) then
+  local now = redis.call('time')
+  redis.call('zadd', KEYS[1], tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000),
+             ARGV[1])
+end
+return 1
+"""
+
+
 @cache
 def this_machine() -> str:
     """Names the machine and process namespace: equal for processes that see each other's
@@ -288,6 +301,7 @@ class Leases:
         self._release = client.register_script(_RELEASE)
         self._release_dead = client.register_script(_RELEASE_DEAD)
         self._take_processes = client.register_script(_TAKE_PROCESSES)
+        self._hold = client.register_script(_HOLD)
 
     @classmethod
     def from_url(cls, url: str) -> Leases:
@@ -383,8 +397,11 @@ class Leases:
         return [_text(p) for p in members]
 
     def hold(self, process: str, member: str) -> None:
-        """`process` works on a run (`member` is `run_id|token`, one a task)."""
-        self.client.sadd(HOLDS_PREFIX + process, member)
+        """`process` works on a run (`member` is `run_id|token`, one a task), and so it
+        lives: one taken for dead that took work before its next beat (a host whose
+        consumer came back before its beat did) is among the processes again, and is
+        taken if it falls silent."""
+        self._hold(keys=[PROCESSES_KEY, HOLDS_PREFIX + process], args=[process, member])
 
     def let_go(self, process: str, member: str) -> None:
         self.client.srem(HOLDS_PREFIX + process, member)

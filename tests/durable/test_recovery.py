@@ -184,6 +184,25 @@ def test_after_a_redis_outage_a_process_takes_nobody_until_it_has_beaten_a_timeo
     assert recovered == [("m|9|z", {"run-9"})]
 
 
+@pytest.mark.pools_named
+def test_a_process_taken_for_dead_that_takes_work_before_it_beats_can_be_taken_again(
+    cluster: Cluster,
+) -> None:
+    """The partition lab cut a host off again 2.6 s after it healed: its consumer had
+    come back and taken steps, its beat not yet, so it was among no process that beats
+    and nobody took it; its steps waited for it to heal a second time. A process that
+    notes a run it works on is among the processes again."""
+    client = redis.Redis.from_url(cluster.broker)
+    lost, taker = Leases(client), Leases(client)
+    lost.beat("m|5|v", silent_for=SILENCE, take=False)
+    assert taker.take_processes(["m|5|v"]) == {"m|5|v": set()}  # taken in a first cut
+    lost.hold("m|5|v", "run-5|t")  # healed: its consumer took a step before it beat
+    assert "m|5|v" in taker.processes()
+    silence(client, "m|5|v", 2 * SILENCE)  # cut off again
+    taker.beat("m|4|u", silent_for=SILENCE, take=False)
+    assert taker.beat("m|4|u", silent_for=SILENCE, take=True) == {"m|5|v": {"run-5"}}
+
+
 def steady_beats(liveness: Liveness, clock: list[float]) -> None:
     """Beat until `liveness` may take others: twice (the first proves nothing), then
     again a whole timeout later on its clock."""
