@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.hosts import as_postgres
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -174,11 +176,6 @@ def test_the_database_password_is_no_part_of_a_url() -> None:
 DB_PASSWORD = "p@ss,w:rd/?#%" + uuid.uuid4().hex[:8]
 
 
-def _as_postgres(argv: list[str]) -> list[str]:
-    """`initdb` and `pg_ctl` refuse to run as root: as root, run them as `postgres`."""
-    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
-
-
 @pytest.fixture
 def scram_postgres() -> Iterator[str]:
     """A Postgres cluster of the test's own that asks for a password (scram-sha-256) on a
@@ -204,7 +201,7 @@ def scram_postgres() -> Iterator[str]:
     ctl = [str(bin_dir / "pg_ctl"), "-D", str(data)]
 
     def run(argv: list[str]) -> None:
-        done = subprocess.run(_as_postgres(argv), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(as_postgres(argv), capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"{argv[0]}: {done.stdout}{done.stderr}"
 
     try:
@@ -225,7 +222,7 @@ def scram_postgres() -> Iterator[str]:
         yield f"postgresql+psycopg://agent_jobs@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(
-            _as_postgres([*ctl, "-m", "immediate", "stop"]), capture_output=True, timeout=60
+            as_postgres([*ctl, "-m", "immediate", "stop"]), capture_output=True, timeout=60
         )
         shutil.rmtree(home, ignore_errors=True)
 

@@ -38,6 +38,7 @@ MODULES: dict[str, str] = {
     # crash: SIGKILLs and outages
     "tests/durable/test_durable.py": "crash",
     "tests/durable/test_recovery.py": "crash",
+    "tests/durable/test_partition.py": "crash",
     "tests/durable/test_broker_outage.py": "crash",
     "tests/durable/test_time_limits.py": "crash",
     "tests/durable/test_eager.py": "crash",
