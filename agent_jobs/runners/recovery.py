@@ -5,10 +5,14 @@ by the sweep)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Protocol
 
+import redis
 from sqlalchemy.exc import OperationalError
 
 from ..app import AgentApp
@@ -41,12 +45,13 @@ def adopt_orphans(store: Store, leases: Leases, dispatcher: Dispatcher, run_id: 
         return
     claimed = {r.step: Holder.parse(r.holder) for r in flying if r.holder is not None}
     dead = {step for step, holder in claimed.items() if holder is not None and holder.gone()}
-    dead -= leases.held(run_id, sorted(dead))  # taken over since by a live delivery
     dead |= leases.orphaned(run_id, [r.step for r in flying if r.step not in claimed])
-    orphans = [(sent_as_journaled(r.intent), r.step) for r in flying if r.step in dead]
+    with seized(leases, run_id, dead) as ours:  # not those a live delivery took since
+        if ours:  # whatever the dead holder left unwritten stays so
+            with store.begin() as conn:
+                hold_rows.fence_steps(conn, run_id, sorted(ours))
+    orphans = [(sent_as_journaled(r.intent), r.step) for r in flying if r.step in ours]
     if orphans:
-        with store.begin() as conn:  # whatever the dead holder left unwritten stays so
-            hold_rows.fence_steps(conn, run_id, [step for _, step in orphans])
         log.info("run %s: re-sending %s, whose process died", run_id, orphans)
         dispatcher.steps(run_id, orphans)
 
@@ -72,28 +77,30 @@ def recover_process(
     prefix = process + SEP
     later: set[str] = set()
     for run_id in sorted(run_ids):
-        try:
-            with store.begin() as conn:
-                wait_for_locks_at_most(conn, RECOVERY_LOCK_WAIT)
-                flying = journal_rows.in_flight(conn, run_id)
-                # Steps it claimed that a live delivery has taken over since (another
-                # recovery of the same death sent them) are that delivery's now.
-                mine = {r.step for r in flying if (r.holder or "").startswith(prefix)}
-                kept = leases.held(run_id, sorted(mine))
-                claims = hold_rows.release_claims(conn, run_id, prefix, keep=kept, skip_locked=True)
-                released = {r.step: r.intent for r in claims}
-                others = [r for r in flying if r.holder is None]
-                leased = {}
-                for step in leases.unheld(run_id, [r.step for r in others], prefix):
-                    leased[step] = next(r.intent for r in others if r.step == step)
-                fenced = hold_rows.fence_steps(conn, run_id, list(leased), skip_locked=True)
-        except OperationalError as exc:  # the run's row itself was locked too long
-            if not lock_not_available(exc):
-                raise
-            released, locked = {}, True
-        else:
-            released |= {step: intent for step, intent in leased.items() if step in fenced}
-            locked = bool(mine - kept - released.keys() or leased.keys() - fenced)
+        with store.connect() as conn:
+            flying = journal_rows.in_flight(conn, run_id)
+        mine = {r.step for r in flying if (r.holder or "").startswith(prefix)}
+        others = {r.step for r in flying if r.holder is None}
+        intents = {r.step: r.intent for r in flying}
+        # Its claims, and the leases it held in Redis (or nobody holds): not those a live
+        # delivery took since (another recovery of the same death sent them).
+        with seized(leases, run_id, mine | others, prefix) as ours:
+            try:
+                with store.begin() as conn:
+                    wait_for_locks_at_most(conn, RECOVERY_LOCK_WAIT)
+                    claims = hold_rows.release_claims(
+                        conn, run_id, prefix, keep=mine - ours, skip_locked=True
+                    )
+                    fenced = hold_rows.fence_steps(
+                        conn, run_id, sorted(others & ours), skip_locked=True
+                    )
+            except OperationalError as exc:  # the run's row itself was locked too long
+                if not lock_not_available(exc):
+                    raise
+                claims, fenced = [], set()
+        released = {r.step: r.intent for r in claims}
+        released |= {step: intents[step] for step in fenced}
+        locked = bool(ours - released.keys())  # seized, but its row was locked
         if locked:  # a row a lost host's open transaction locks: the others go now
             log.warning("run %s: a row of it is locked; its recovery comes back to it", run_id)
             later.add(run_id)
@@ -121,6 +128,35 @@ def end_sessions(store: Store, process: str) -> None:
         return
     if ended:
         log.warning("ended %d database session(s) of process %s, taken for dead", ended, process)
+
+
+# How long recovery holds the leases of the steps it lets go of, at most.
+SEIZE_FOR = 10.0
+
+
+@contextmanager
+def seized(
+    leases: Leases, run_id: str, steps: Collection[str], dead: str = ""
+) -> Iterator[set[str]]:
+    """Hold the leases of the run's `steps` that no live delivery holds (none, one whose
+    holder is provably gone, or one of a process whose names start with `dead`) while the
+    caller moves their epochs on; let them go before the caller sends the steps again. A
+    delivery that took a lease first keeps its step (it reads the epoch as it is); one
+    that comes while they are held finds them taken; either way no delivery reads an
+    epoch that moves on under it."""
+    me = Holder.me()
+    ours: set[str] = set()
+    try:
+        for step in sorted(steps):
+            if dead:
+                leases.release_process(run_id, step, dead)
+            if leases.take(run_id, step, me, SEIZE_FOR):
+                ours.add(step)
+        yield ours
+    finally:
+        for step in ours:
+            with contextlib.suppress(redis.RedisError):  # it expires
+                leases.release(run_id, step, me)
 
 
 def give_up(store: Store, leases: Leases, dispatcher: Dispatcher, running: Running) -> None:
@@ -191,13 +227,12 @@ def redrive_stale(store: Store, leases: Leases, dispatcher: Dispatcher, settings
         with store.begin() as conn:
             stranded = journal_rows.stranded(conn, run_id, older_than=cutoff)
             run_rows.touch(conn, run_id)
-        running = leases.held(run_id, [row.step for row in stranded])
-        steps = [
-            (sent_as_journaled(row.intent), row.step) for row in stranded if row.step not in running
-        ]
-        if steps:  # whoever let the lease run out writes nothing of them any more
-            with store.begin() as conn:
-                hold_rows.fence_steps(conn, run_id, [step for _, step in steps])
+        with seized(leases, run_id, {row.step for row in stranded}) as ours:
+            if ours:  # whoever let the lease run out writes nothing of them any more
+                with store.begin() as conn:
+                    hold_rows.fence_steps(conn, run_id, sorted(ours))
+        steps = [(sent_as_journaled(row.intent), row.step) for row in stranded if row.step in ours]
+        if steps:
             log.info("sweep: re-enqueueing %s of run %s", [s for _, s in steps], run_id)
             dispatcher.steps(run_id, steps)
         dispatcher.coordinate(run_id)

@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from agent_jobs.leases import SEP, Leases, session_name
+from agent_jobs.leases import SEP, Holder, Leases, session_name
 from agent_jobs.runners.recovery import recover_process
 from agent_jobs.steps import InvokeTool
 from agent_jobs.store import Store, holds
@@ -41,6 +41,21 @@ class Sent:
 
     def steps_of(self, run_id: str) -> list[str]:
         return [step for run, sent in self.sent for _, step in sent if run == run_id]
+
+
+@pytest.fixture(autouse=True)
+def no_leases(redis_url: str) -> Iterator[None]:
+    """The leases of this module's runs (r1, r2), gone before and after each test."""
+    client = redis.Redis.from_url(redis_url)
+
+    def clear() -> None:
+        for key in client.scan_iter("agent_jobs:lease:r[12]:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()
+    client.close()
 
 
 @pytest.fixture
@@ -205,3 +220,22 @@ def test_the_sessions_of_a_process_taken_for_dead_are_ended_so_its_locks_go(
     finally:
         lost.close()
         as_lost.dispose()
+
+
+def test_a_step_a_live_delivery_took_over_is_left_to_it(pg_store: Store, redis_url: str) -> None:
+    """Two recoveries of one death: the first sent the step, a delivery took it (its
+    lease, the step's epoch as it was), then the second recovery came. It moved the epoch
+    on and sent the step again, so the live delivery's outcome was refused and the step
+    sent anew found the lease taken: the run waited for the sweep (found in CI). A step
+    whose lease a live delivery holds is that delivery's: left as it is."""
+    claimed_step(pg_store, "r1")
+    sent = Sent()
+    dispatcher: Any = sent
+    leases = Leases(redis.Redis.from_url(redis_url))
+    delivery = Holder("another-host:boot:1", 77, "1", "token")  # alive, elsewhere
+    assert leases.take("r1", "tool:call_1", delivery, 30)
+    assert recover_process(pg_store, leases, dispatcher, LOST, {"r1"}) == set()
+    assert sent.steps_of("r1") == []
+    [row] = [r for r in pg_store.journal("r1") if r["step"] == "tool:call_1"]
+    assert row["fence"] == 0  # the delivery's outcome will be written
+    assert leases.held("r1", ["tool:call_1"]) == {"tool:call_1"}  # still its lease

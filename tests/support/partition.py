@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,20 @@ class Lab:
             member.decode().startswith(f"{HOST_A}:") and now_ms - score < 1000
             for member, score in beats  # type: ignore[union-attr]
         )
+
+    def reconnects(self) -> list[float]:
+        """For each cut longer than a blip, how long after the heal host A's consumer was
+        connected to the broker again (its log says so, in this machine's clock)."""
+        connected = [
+            datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            for line in self.procs[0].log().splitlines()
+            if "INFO/MainProcess] Connected to " in line
+        ]
+        return [
+            min(at - cut.healed for at in connected if at > cut.healed)
+            for cut in self.cuts
+            if cut.healed - cut.at >= TAKEN_AFTER and any(at > cut.healed for at in connected)
+        ]
 
     def running_on_a(self, *, what: str = "") -> list[tuple[str, str]]:
         """(run, key) of the steps that began on host A and have not ended."""
@@ -357,6 +372,7 @@ class Findings:
     detail: list[str]
     longest_healthy_silence: float
     healthy_taken: int
+    reconnects: list[float]  # each heal to host A's consumer connected again, s
 
     def summary(self) -> dict[str, Any]:
         takeovers = sorted(self.takeovers)
@@ -374,6 +390,9 @@ class Findings:
             "takeover max s": round(takeovers[-1], 2) if takeovers else None,
             "longest silence of a worker never cut off s": round(self.longest_healthy_silence, 2),
             "healthy processes taken for dead": self.healthy_taken,
+            "healed worker consuming again, max s": (
+                round(max(self.reconnects), 2) if self.reconnects else None
+            ),
         }
 
 
@@ -452,6 +471,7 @@ def findings(made: Lab) -> Findings:
         takeovers=takeovers,
         detail=detail,
         longest_healthy_silence=max(made.silences.values(), default=0.0),
+        reconnects=made.reconnects(),
         healthy_taken=len(made.taken_b),
     )
 
