@@ -21,8 +21,12 @@ import redis
 from ..leases import Holder, Leases
 from ..store import Store
 from ..store import holds as hold_rows
+from ..store.db import wait_for_locks_at_most
 
 log = logging.getLogger(__name__)
+
+# How long a heartbeat's write waits for its row's lock before it lets this beat go.
+HEARTBEAT_LOCK_WAIT = 0.5
 
 
 class Beats:
@@ -186,6 +190,9 @@ def heartbeat(
         # lease alone keeps a duplicate delivery off the step.
         try:
             with store.begin() as conn:
+                # One thread beats for every step here: a row another transaction holds
+                # must not hold up the others' leases.
+                wait_for_locks_at_most(conn, HEARTBEAT_LOCK_WAIT)
                 renewed = hold_rows.mark_started(
                     conn,
                     run_id,

@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from agent_jobs.leases import SEP, Holder, Leases, session_name
 from agent_jobs.runners.recovery import recover_process
+from agent_jobs.runners.running import Running, heartbeat
 from agent_jobs.steps import InvokeTool
 from agent_jobs.store import Store, holds
 from agent_jobs.store import journal as journal_rows
@@ -239,3 +240,40 @@ def test_a_step_a_live_delivery_took_over_is_left_to_it(pg_store: Store, redis_u
     [row] = [r for r in pg_store.journal("r1") if r["step"] == "tool:call_1"]
     assert row["fence"] == 0  # the delivery's outcome will be written
     assert leases.held("r1", ["tool:call_1"]) == {"tool:call_1"}  # still its lease
+
+
+def test_a_heartbeat_whose_row_is_locked_holds_up_no_other_steps_lease(
+    pg_store: Store, redis_url: str
+) -> None:
+    """One thread beats for every step of a process. A step's row held by another
+    transaction (a lost host's, still open) made its heartbeat wait on the lock, and
+    every other step's lease of the process went unrenewed meanwhile."""
+    claimed_step(pg_store, "r1")
+    claimed_step(pg_store, "r2")
+    leases = Leases(redis.Redis.from_url(redis_url))
+    started = utcnow()
+    me = Holder.me()
+    running = {
+        run: Running(run, "tool:call_1", "agent_jobs.invoke_tool", me, claimed=False)
+        for run in ("r1", "r2")
+    }
+    for run in running:
+        assert leases.take(run, "tool:call_1", me, 3.0)
+    lost = pg_store.engine.connect()  # r1's row, locked by a transaction left open
+    lost.begin()
+    lost.execute(text("UPDATE journal SET state = 'started' WHERE run_id = 'r1'"))
+    ttl = leases.client.pttl
+    try:
+        with (
+            heartbeat(leases, pg_store, 3.0, running["r1"], 1, started),
+            heartbeat(leases, pg_store, 3.0, running["r2"], 1, started),
+        ):
+            first = ttl("agent_jobs:lease:r2:tool:call_1")
+            # r2's lease is renewed (a beat a second) while r1's row stays locked.
+            eventually(
+                lambda: ttl("agent_jobs:lease:r2:tool:call_1") > first,
+                what="r2's lease to be renewed while r1's row is locked",
+            )
+    finally:
+        lost.rollback()
+        lost.close()
