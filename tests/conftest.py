@@ -262,7 +262,11 @@ def cluster(
 
     monkeypatch.setenv("AGENT_JOBS_DATABASE_URL", pg_url)
     server = RedisServer().start()
-    c = Cluster(server, pg_url, tmp_path)
-    yield c
-    c.close()
-    server.close()
+    try:  # a cluster that fails to come up leaves no redis-server behind
+        c = Cluster(server, pg_url, tmp_path)
+        try:
+            yield c
+        finally:
+            c.close()
+    finally:
+        server.close()
