@@ -827,8 +827,14 @@ def test_no_process_that_sends_logs_the_webhooks_path_or_query(
                     context=proc.log,
                 )
                 assert hook.delivered()[0].path == hook.path  # it went to the secret URL
-                logs = proc.log()
-                assert "HTTP Request: POST http://127.0.0.1" in logs  # httpx logged it…
+
+                # httpx logs the request once its response is read: after the receiver
+                # has it.
+                def logged() -> str | None:
+                    text = proc.log()
+                    return text if "HTTP Request: POST http://127.0.0.1" in text else None
+
+                logs = eventually(logged, what=f"the {sender} to log its request", context=proc.log)
                 assert canary not in logs  # …with neither its path nor its query
             finally:
                 proc.stop()
