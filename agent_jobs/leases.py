@@ -354,15 +354,6 @@ class Leases:
         """Release the step's lease if a holder whose name starts with `prefix` holds it."""
         return bool(self._release_dead(keys=[_lease_key(run_id, step)], args=[prefix]))
 
-    def unheld(self, run_id: str, steps: list[str], dead: str) -> set[str]:
-        """Which of the run's steps nobody holds, once the leases of holders whose names
-        start with `dead` (a process that died) are released."""
-        free = set()
-        for step, value, _ in self._holders(run_id, steps):
-            if value is None or self.release_process(run_id, step, dead):
-                free.add(step)
-        return free
-
     # --- which processes live, and what they hold (see runners/liveness.py) -------------
 
     def beat(self, process: str, *, silent_for: float, take: bool) -> dict[str, set[str]]:

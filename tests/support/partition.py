@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -128,13 +128,10 @@ class Lab:
                 n += 1
                 time.sleep(every)
 
-        sender = threading.Thread(target=send, daemon=True)
-        sender.start()
         try:
-            yield
+            with _alongside(send, stop):
+                yield
         finally:
-            stop.set()
-            sender.join()
             client.close()
 
     @contextmanager
@@ -148,44 +145,29 @@ class Lab:
         def watch() -> None:
             while not stop.wait(0.1):
                 try:
-                    now_s, now_us = client.time()  # type: ignore[misc]
-                    beats = client.zrange(PROCESSES_KEY, 0, -1, withscores=True)
+                    silent = _silences(client)
                 except redis.RedisError:
                     continue
-                now_ms = int(now_s) * 1000 + int(now_us) // 1000
-                present = set()
-                for member, score in beats:  # type: ignore[union-attr]
-                    process = member.decode()
-                    if process.startswith(f"{HOST_A}:"):
-                        continue
-                    present.add(process)
-                    silent = (now_ms - score) / 1000
-                    self.silences[process] = max(self.silences.get(process, 0.0), silent)
+                present = {p for p in silent if not p.startswith(f"{HOST_A}:")}
+                for process in present:
+                    self.silences[process] = max(self.silences.get(process, 0.0), silent[process])
                 self.taken_b |= seen - present
                 seen.update(present)
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
         try:
-            yield
+            with _alongside(watch, stop):
+                yield
         finally:
-            stop.set()
-            watcher.join()
             client.close()
 
     def a_beats(self) -> bool:
         """Whether a process of host A beat in the last second, by Redis's clock."""
         client = redis.Redis.from_url(self.broker("127.0.0.1"))
         try:
-            now_s, now_us = client.time()  # type: ignore[misc]
-            now_ms = int(now_s) * 1000 + int(now_us) // 1000
-            beats = client.zrange(PROCESSES_KEY, 0, -1, withscores=True)
+            silent = _silences(client)
         finally:
             client.close()
-        return any(
-            member.decode().startswith(f"{HOST_A}:") and now_ms - score < 1000
-            for member, score in beats  # type: ignore[union-attr]
-        )
+        return any(p.startswith(f"{HOST_A}:") and s < 1.0 for p, s in silent.items())
 
     def reconnects(self) -> list[float]:
         """For each cut longer than a blip, how long after the heal host A's consumer was
@@ -233,13 +215,8 @@ class Lab:
                 except Exception:
                     continue
 
-        person = threading.Thread(target=decide, daemon=True)
-        person.start()
-        try:
+        with _alongside(decide, stop):
             yield
-        finally:
-            stop.set()
-            person.join()
 
     def settle(self, client: Any) -> None:
         """Decide (`decide`) until every run sent has ended."""
@@ -313,6 +290,28 @@ class Lab:
                 if mine:
                     mine[-1].end = float(at)
         return found
+
+
+@contextmanager
+def _alongside(work: Callable[[], None], stop: threading.Event) -> Iterator[None]:
+    """Run `work` on a thread of its own while the block runs; then set `stop` (which
+    `work` watches) and wait for it to end."""
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _silences(client: redis.Redis) -> dict[str, float]:
+    """How long each process that beats has been silent, in seconds, by Redis's clock
+    (the one beats are scored by)."""
+    now_s, now_us = client.time()  # type: ignore[misc]
+    now_ms = int(now_s) * 1000 + int(now_us) // 1000
+    beats = client.zrange(PROCESSES_KEY, 0, -1, withscores=True)
+    return {m.decode(): (now_ms - score) / 1000 for m, score in beats}  # type: ignore[union-attr]
 
 
 @dataclass
