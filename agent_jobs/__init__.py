@@ -53,7 +53,7 @@ from .loading import load_app
 from .loop import LoopDeps, TurnInput, TurnResult, run_agent_loop
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from .models import DeltaSink, Model, ScriptedModel
-from .runners.inline import InlineRunner
+from .runners import InlineRunner
 from .settings import Settings, get_settings
 from .store import RunView, Store
 from .tools import ReconcileContext, ToolContext

@@ -83,7 +83,7 @@ class ThreadBusyError(StoreError):
 
 class RunAbandonedError(StoreError):
     """An inline run's process exited before the run ended (a run's `error_type`): the
-    next process that met it in its way ended it (agent_jobs/runners/abandoned.py)."""
+    next process that met it in its way ended it (agent_jobs/runners/inline/abandoned.py)."""
 
     def __init__(self, run_id: str, driver: str) -> None:
         self.run_id = run_id

@@ -243,7 +243,7 @@ class Holder:
 def session_name(process: str) -> str:
     """The `application_name` of every Postgres session of `process` (a `Holder.process`):
     recovery ends the sessions of a process it took for dead whose open transaction still
-    locks a row it needs (runners/recovery.py). A digest: the name has 63 bytes at most."""
+    locks a row it needs (runners/durable/recovery.py). A digest: the name has 63 bytes at most."""
     return "agent_jobs " + hashlib.sha256(process.encode()).hexdigest()[:32]
 
 
@@ -259,7 +259,7 @@ def holder_prefix(machine: str, pid: int) -> str:
 
 
 def beat_client(url: str, timeout: float) -> redis.Redis:
-    """A Redis client for a process's beats (runners/liveness.py): every call fails in a
+    """A Redis client for a process's beats (runners/durable/liveness.py): every call fails in a
     third of `timeout` rather than hang through a cut, and is not retried (the next beat
     is the retry); the operating system notices a dead peer in about that long too."""
     seconds = max(0.1, timeout / 3)
@@ -354,7 +354,7 @@ class Leases:
         """Release the step's lease if a holder whose name starts with `prefix` holds it."""
         return bool(self._release_dead(keys=[_lease_key(run_id, step)], args=[prefix]))
 
-    # --- which processes live, and what they hold (see runners/liveness.py) -------------
+    # --- which processes live, and what they hold (see runners/durable/liveness.py) -------------
 
     def beat(self, process: str, *, silent_for: float, take: bool) -> dict[str, set[str]]:
         """Say that `process` lives; with `take`, also take the processes that have not

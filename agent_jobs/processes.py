@@ -1,5 +1,5 @@
 """This process, as the driver of an inline run: who it is, and whether another that
-was recorded so is gone (agent_jobs/runners/abandoned.py).
+was recorded so is gone (agent_jobs/runners/inline/abandoned.py).
 
 A driver is `host/pid/start`, the start being the process's start time in clock ticks
 after boot (from /proc), so that a pid the system gave again to another process is not

@@ -4,7 +4,7 @@ again.
 
 A non-idempotent action whose worker died while its handler ran is not run again: its
 `tool:<call_id>` journal row waits (`waiting`) and the run is `awaiting_reconcile`
-(runners/reconcile.py). The decision is checked and recorded here, in the caller's
+(runners/durable/reconcile.py). The decision is checked and recorded here, in the caller's
 transaction under the run's lock: the first decision wins, and anything refused changes
 nothing. Then the caller wakes the run (and, for `retry`, sends the step again).
 

@@ -108,7 +108,7 @@ class Settings(SettingsBase):
     # prefork pool process, which runs one task at a time.
     db_pool_size: int | None = Field(default=None, ge=1)
     # A worker process that has not said it lives for this long is dead: another sends
-    # its steps again (runners/liveness.py).
+    # its steps again (runners/durable/liveness.py).
     process_timeout: float = Field(default=3.0, gt=0)
     sweep_interval: float = 30.0  # how often beat runs the sweep
     sweep_stale_after: float = 60.0  # a run with no progress for this long is re-driven

@@ -9,7 +9,7 @@ database and a `redis-server` of its own:
   Celery hands the message back (`task_reject_on_worker_lost`).
 - worker: the whole worker (main process and pool) is SIGKILLed while a second worker
   is up; nothing hands the message back: the other worker sees that the dead one's
-  processes stopped beating (runners/liveness.py). On a threads pool a worker is one
+  processes stopped beating (runners/durable/liveness.py). On a threads pool a worker is one
   process: only this case is measured.
 
 Each figure is the time from the SIGKILL to the step's next start, as the tool itself

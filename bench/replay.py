@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent_jobs import AgentApp, ScriptedModel  # noqa: E402
 from agent_jobs.leases import Leases  # noqa: E402
-from agent_jobs.runners.durable import DurableRunner  # noqa: E402
+from agent_jobs.runners.durable.runner import DurableRunner  # noqa: E402
 from agent_jobs.runs import RunRequest  # noqa: E402
 from agent_jobs.settings import Settings  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402

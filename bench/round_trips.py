@@ -31,7 +31,7 @@ START, END = b"ROUND-TRIPS-START\n", b"ROUND-TRIPS-END\n"
 def drive(url: str, redis_url: str, eager: str, runs: int = 3) -> int:
     """W1 runs, the last between the markers; returns how many step tasks it took."""
     from agent_jobs.leases import Leases
-    from agent_jobs.runners.durable import DurableRunner
+    from agent_jobs.runners.durable.runner import DurableRunner
     from agent_jobs.runs import RunRequest
     from agent_jobs.settings import Settings
     from agent_jobs.store import Store

@@ -15,7 +15,7 @@ from celery import Celery, current_task
 from celery.utils.saferepr import saferepr
 
 from agent_jobs.dispatch import step_reprs
-from agent_jobs.runners.step_tasks import StepOutcome, summary
+from agent_jobs.runners.durable import StepOutcome, summary
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,7 @@ from agent_jobs.leases import Leases, beat_client
 from agent_jobs.loading import load_app
 from agent_jobs.notify.sender import start_sender
 from agent_jobs.notify.webhook import check as check_webhook
-from agent_jobs.runners.durable import DurableRunner
-from agent_jobs.runners.liveness import Liveness
-from agent_jobs.runners.recovery import give_up, recover_process
+from agent_jobs.runners.durable import DurableRunner, Liveness, give_up, recover_process
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store
 from agent_jobs.streams.redis_streams import RedisStreams

@@ -19,7 +19,7 @@ from celery.exceptions import Retry
 from agent_jobs import retention
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
 from agent_jobs.errors import AgentJobsError, Deferred, RetryLater
-from agent_jobs.runners.step_tasks import StepOutcome, summary, where
+from agent_jobs.runners.durable import StepOutcome, summary, where
 from agent_jobs.runs import RunRequest
 from agent_jobs.streams.redis_streams import RedisStreams
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
-from agent_jobs.runners.running import RUNNING, Running
+from agent_jobs.runners.durable import RUNNING, Running
 
 log = logging.getLogger(__name__)
 

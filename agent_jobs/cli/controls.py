@@ -18,7 +18,7 @@ import click
 
 from ..client import Client
 from ..controls import Forked
-from ..runners.inline import InlineRunner
+from ..runners import InlineRunner
 from ..store import RunView
 from ..streams.base import Frame
 from .common import EXIT_FAILED, app, handle_errors, out, print_json, settings, store

@@ -12,7 +12,7 @@ import click
 
 from ..admission import IfBusy
 from ..app import AgentApp
-from ..runners.inline import InlineRunner
+from ..runners import InlineRunner
 from ..store import Store
 from ..streams.base import Frame
 from .common import (

@@ -27,7 +27,7 @@ from ..logs import configure_logging
 from ..notify.sender import start_sender
 from ..notify.webhook import check as check_webhook
 from ..reconciliation import Reconciliation, record_reconciliation
-from ..runners.inline import InlineRunner
+from ..runners import InlineRunner
 from ..runs import RunRequest
 from ..settings import Settings, get_settings
 from ..store import Store

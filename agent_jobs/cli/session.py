@@ -7,7 +7,7 @@ import json
 import click
 
 from ..client import Client
-from ..runners import abandoned
+from ..runners import end_abandoned
 from ..session import CANCEL_CAUSES, TARGETS, Event, fold_inbox, fold_status
 from .common import EXIT_ALREADY_DECIDED, fail, handle_errors, out, print_json, settings, store
 from .text import stamp, visible
@@ -86,7 +86,7 @@ def cancel(run_id: str, cause: str, keep_inbox: bool) -> None:
     stopped = client.cancel(run_id, cause, keep_inbox=keep_inbox)
     # An embedded run whose process is gone has none to see the cancel: it ends here (one
     # cancelled before too: its cancel was recorded, and nothing saw it).
-    ended = abandoned.end(client.store, client.app, [run_id, *stopped])
+    ended = end_abandoned(client.store, client.app, [run_id, *stopped])
     stopped += [target for target in ended if target not in stopped]
     if stopped:
         out.print(visible(f"cancelling {', '.join(stopped)} ({cause})"))

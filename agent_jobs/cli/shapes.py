@@ -30,7 +30,7 @@ from ..errors import AgentJobsError, NonDeterminismError, Suspend
 from ..executor import StepEnv
 from ..hooks import Patch
 from ..loop import APPROVALS_AT_ONCE, HISTORY_SELECT, PARALLEL_TOOLS, run_agent_loop
-from ..runners.replay import DurableHooks
+from ..runners import DurableHooks
 from ..runners.turn import turn_for
 from ..settings import Settings
 from ..store import RunView

@@ -8,12 +8,12 @@ with attempt counts of their own, the run's error is cleared, and it goes on fro
 its finished steps read back from the journal.
 
 A journal row that is done or failed never changes (processes keep runs' final rows:
-runners/journal_cache.py, runners/sticky.py), so the failed row stays as it was: each
-retry is a row of its own after the journal's last, `retry:<k>:<step>`, with the failed
-step's intent (a new name: its Redis attempt count starts afresh), which a replay reads
-in the failed row's place (runners/replay.py). Nobody drives the run while the row is
-written: it has ended, and the caller holds its lock until the commit; then the caller
-sends the retry rows to the workers (the inline runner drives the run itself).
+runners/durable/journal_cache.py, runners/durable/sticky.py), so the failed row stays as
+it was: each retry is a row of its own after the journal's last, `retry:<k>:<step>`, with
+the failed step's intent (a new name: its Redis attempt count starts afresh), which a
+replay reads in the failed row's place (runners/durable/replay.py). Nobody drives the run
+while the row is written: it has ended, and the caller holds its lock until the commit;
+then the caller sends the retry rows to the workers (the inline runner drives the run itself).
 """
 
 from __future__ import annotations

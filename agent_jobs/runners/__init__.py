@@ -1,0 +1,11 @@
+"""The two runners, each in its wing (`durable/`, `inline/`), and what both share beside
+them: `turn` (what happens around the loop) and `waits` (a human wait, described once).
+
+Code outside `agent_jobs/runners/` imports a runner from here (and `tasks/` the durable
+wing's face, `agent_jobs.runners.durable`), never a module inside a wing.
+"""
+
+from .durable import DurableHooks, DurableRunner
+from .inline import InlineRunner, end_abandoned
+
+__all__ = ["DurableHooks", "DurableRunner", "InlineRunner", "end_abandoned"]

@@ -78,7 +78,7 @@ runs = Table(
     Column("trace_context", Json, nullable=True),
     # The process that drives an inline run (its host, pid and start): a run left
     # unfinished by a process that is gone is ended by the next one that meets it
-    # (agent_jobs/runners/abandoned.py). Null for durable runs: recovery drives those.
+    # (agent_jobs/runners/inline/abandoned.py). Null for durable runs: recovery drives those.
     Column("driver", String(300), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
@@ -226,7 +226,7 @@ journal = Table(
     # The step's epoch: moved on each time its holder is let go of (taken for dead, given
     # up at its time limit, its lease run out), so whatever that holder writes later (its
     # outcome, a renewed lease, a retry) is refused: only a delivery that read the epoch
-    # as it is now writes (runners/durable.py).
+    # as it is now writes (runners/durable/runner.py).
     Column("fence", Integer, nullable=False, server_default="0"),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)

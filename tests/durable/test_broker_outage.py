@@ -17,7 +17,7 @@ import redis
 
 from agent_jobs.dispatch import CeleryDispatcher, celery_client
 from agent_jobs.leases import Leases
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.streams.redis_streams import RedisStreams

@@ -13,7 +13,7 @@ import redis
 from agent_jobs import session
 from agent_jobs.dispatch import INVOKE_TOOL, MODEL_TURN
 from agent_jobs.leases import Leases
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.session import fold_inbox
 from agent_jobs.settings import Settings

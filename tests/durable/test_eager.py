@@ -14,7 +14,7 @@ import redis
 
 from agent_jobs.dispatch import INVOKE_TOOL, MODEL_TURN
 from agent_jobs.leases import Holder, Leases
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
@@ -374,12 +374,12 @@ def test_a_tool_with_a_queue_of_its_own_runs_on_the_worker_of_that_queue(
     assert _received(main.log(), "invoke_tool") == 0  # the lookup ran in model:1's chain
 
 
-# --- the loop kept in the process between passes (runners/sticky.py) ------------------------
+# --- the loop kept in the process between passes (runners/durable/sticky.py) ----------------
 
 
 def _counting_loops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runs whose loop a pass starts from the beginning (a replay), one entry each."""
-    from agent_jobs.runners import durable
+    from agent_jobs.runners.durable import runner as durable
 
     started: list[str] = []
     run_agent_loop = durable.run_agent_loop

@@ -22,9 +22,9 @@ from agent_jobs.dispatch import MODEL_TURN
 from agent_jobs.leases import Holder, Leases
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
-from agent_jobs.runners.durable import DurableRunner
-from agent_jobs.runners.liveness import QUICK_SHARE
-from agent_jobs.runners.recovery import recover_process
+from agent_jobs.runners.durable.liveness import QUICK_SHARE
+from agent_jobs.runners.durable.recovery import recover_process
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.store import holds

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from agent_jobs.leases import PROCESSES_KEY, Holder, Leases, this_machine
-from agent_jobs.runners import liveness as liveness_module
-from agent_jobs.runners.liveness import Liveness
+from agent_jobs.runners.durable import liveness as liveness_module
+from agent_jobs.runners.durable.liveness import Liveness
 from tests.support import apps
 from tests.support.cluster import Cluster
 from tests.support.waiting import eventually

@@ -20,8 +20,8 @@ from agent_jobs.errors import ModelError, RetryLater
 from agent_jobs.leases import Leases
 from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
-from agent_jobs.runners import recovery
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable import recovery
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store

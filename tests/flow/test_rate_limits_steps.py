@@ -25,7 +25,7 @@ from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
 from agent_jobs.ratelimits.buckets import LocalBuckets, Verdict
 from agent_jobs.ratelimits.rules import Rule
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.store.db import utcnow

@@ -1,4 +1,4 @@
-"""An inline run whose process is gone (agent_jobs/runners/abandoned.py): the embedded
+"""An inline run whose process is gone (agent_jobs/runners/inline/abandoned.py): the embedded
 default's `agent-jobs run` killed while it waited for a person left its thread busy for
 good. Now the next process that meets the run in its way — a run on its thread, a queued
 run waiting for its key, a cancel — ends it, and a run whose process lives is left alone.

@@ -13,7 +13,7 @@ import pytest
 
 from agent_jobs import InlineRunner, Store, diagnostics
 from agent_jobs.leases import Leases
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings
 from agent_jobs.streams.base import Frame

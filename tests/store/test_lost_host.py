@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from agent_jobs.leases import SEP, Holder, Leases, session_name
-from agent_jobs.runners.recovery import recover_process
-from agent_jobs.runners.running import Running, heartbeat
+from agent_jobs.runners.durable.recovery import recover_process
+from agent_jobs.runners.durable.running import Running, heartbeat
 from agent_jobs.steps import InvokeTool
 from agent_jobs.store import Store, holds
 from agent_jobs.store import journal as journal_rows

@@ -27,7 +27,7 @@ from agent_jobs import AgentApp
 from agent_jobs.dispatch import MODEL_TURN, own_queue
 from agent_jobs.errors import Deferred, RetryLater
 from agent_jobs.leases import Leases
-from agent_jobs.runners.durable import DurableRunner
+from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.streams.redis_streams import RedisStreams

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from agent_jobs.runners.running import Beats
+from agent_jobs.runners.durable.running import Beats
 from tests.support.waiting import TIMEOUT, eventually
 
 

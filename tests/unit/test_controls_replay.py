@@ -12,7 +12,7 @@ import pytest
 from agent_jobs.controls.fork import fork_point
 from agent_jobs.controls.retry import unretried_failures
 from agent_jobs.errors import InvalidRequestError, StepFailedError, Suspend
-from agent_jobs.runners.inline_controls import Replay
+from agent_jobs.runners.inline.controls import Replay
 
 from .test_replay import Row, fixture, hooks_for, replay, rows_of
 

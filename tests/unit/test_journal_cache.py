@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-from agent_jobs.runners.journal_cache import JournalCache, after
+from agent_jobs.runners.durable.journal_cache import JournalCache, after
 
 BORN = datetime(2026, 12, 1, tzinfo=UTC)
 

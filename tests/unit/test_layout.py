@@ -5,6 +5,10 @@
   `agent_jobs/cli/` and `agent_jobs/__init__.py` imports `agent_jobs.runners`.
 - `tasks/` (the Celery adapters) sits above everything: no module of `agent_jobs/`
   imports `tasks`.
+- Each runner is a wing (`agent_jobs/runners/durable/`, `agent_jobs/runners/inline/`)
+  whose modules are private: outside `agent_jobs/runners/`, code imports `agent_jobs.runners`
+  (and `tasks/` the durable wing's face, `agent_jobs.runners.durable`), never a module
+  inside a wing. Neither wing imports the other.
 
 Imports are parsed with `ast`: absolute and relative, at module level or inside
 functions (and `importlib.import_module("…")` with a literal name).
@@ -141,6 +145,39 @@ def test_only_the_runners_the_cli_and_the_package_root_import_the_runners() -> N
         and not any(within(found.module, top) for top in allowed)
     ]
     assert not offenders, "imports agent_jobs.runners from below it:\n" + "\n".join(
+        sorted({str(o) for o in offenders})
+    )
+
+
+WINGS = ("agent_jobs.runners.durable", "agent_jobs.runners.inline")
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def tasks_imports() -> list[Import]:
+    found: list[Import] = []
+    for path in modules(ROOT / "tasks"):
+        source = path.read_text(encoding="utf-8")
+        found += imports_of(source, dotted(path), is_package=path.name == "__init__.py")
+    return found
+
+
+def test_nothing_outside_a_wing_reaches_inside_it() -> None:
+    offenders = []
+    for found in package_imports() + tasks_imports():
+        for wing in WINGS:
+            if not within(found.target, wing) or within(found.module, wing):
+                continue
+            target = found.target if is_module(found.target) else found.target.rpartition(".")[0]
+            if target == wing and (
+                within(found.module, "agent_jobs.runners") or within(found.module, "tasks")
+            ):
+                continue  # the wing's face
+            offenders.append(found)
+    assert not offenders, "reaches inside a runner's wing:\n" + "\n".join(
         sorted({str(o) for o in offenders})
     )
 

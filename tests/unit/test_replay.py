@@ -31,7 +31,7 @@ from agent_jobs.loop import (
     TurnResult,
     run_agent_loop,
 )
-from agent_jobs.runners.replay import DurableHooks
+from agent_jobs.runners.durable.replay import DurableHooks
 from agent_jobs.runners.turn import turn_for
 from agent_jobs.settings import Settings
 from agent_jobs.store import RunView

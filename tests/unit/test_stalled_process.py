@@ -12,7 +12,7 @@ from typing import Any
 
 from agent_jobs.leases import SEP, Holder, Leases, this_machine
 from agent_jobs.leases import _start_time as start_time
-from agent_jobs.runners.liveness import Liveness
+from agent_jobs.runners.durable.liveness import Liveness
 from tests.support.waiting import eventually
 
 
@@ -48,7 +48,7 @@ def test_a_stopped_process_of_this_machine_keeps_its_steps_until_it_is_gone() ->
 
 def test_the_runs_whose_rows_stay_locked_are_recovered_again_soon() -> None:
     """Recovery leaves for later a run whose row a lost host's open transaction locks
-    (runners/recovery.py): the recovery thread comes back to it, and to it alone."""
+    (runners/durable/recovery.py): the recovery thread comes back to it, and to it alone."""
     calls: list[set[str]] = []
 
     def recover(process: str, runs: set[str]) -> set[str]:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agent_jobs.errors import Suspend
-from agent_jobs.runners.journal_cache import Read
-from agent_jobs.runners.sticky import ParkedLoop, StickyLoops
+from agent_jobs.runners.durable.journal_cache import Read
+from agent_jobs.runners.durable.sticky import ParkedLoop, StickyLoops
 
 BORN = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ import pytest
 from agent_jobs import AgentApp
 from agent_jobs.dispatch import INVOKE_TOOL, own_queue
 from agent_jobs.errors import ConfigurationError
-from agent_jobs.runners.replay import sent_as
+from agent_jobs.runners.durable.replay import sent_as
 from agent_jobs.steps import InvokeTool, ToolCall
 
 

@@ -16,17 +16,17 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import checkpoints as names
-from .. import controls
-from ..app import AgentApp
-from ..controls.pause import RESUMED_BY
-from ..executor import StepEnv
-from ..notify.sender import start_sender
-from ..settings import Settings
-from ..store import RunView, Store
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..streams.base import MemoryStreams, RunStream
+from ... import checkpoints as names
+from ... import controls
+from ...app import AgentApp
+from ...controls.pause import RESUMED_BY
+from ...executor import StepEnv
+from ...notify.sender import start_sender
+from ...settings import Settings
+from ...store import RunView, Store
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...streams.base import MemoryStreams, RunStream
 
 
 class Replay:

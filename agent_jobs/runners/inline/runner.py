@@ -21,15 +21,15 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection
 
-from .. import checkpoints as names
-from .. import diagnostics, observe, session
-from ..admission import IfBusy
-from ..app import AgentApp
-from ..approvals.record import record_answers, record_decision
-from ..checkpoints import Decision, DelegationOutcome
-from ..errors import AgentJobsError, Cancelled, ModelError
-from ..executor import StepEnv, execute_local, execute_remote
-from ..hooks import (
+from ... import checkpoints as names
+from ... import diagnostics, observe, session
+from ...admission import IfBusy
+from ...app import AgentApp
+from ...approvals.record import record_answers, record_decision
+from ...checkpoints import Decision, DelegationOutcome
+from ...errors import AgentJobsError, Cancelled, ModelError
+from ...executor import StepEnv, execute_local, execute_remote
+from ...hooks import (
     Delegation,
     LoopHooks,
     ParallelBlock,
@@ -37,24 +37,20 @@ from ..hooks import (
     StepCall,
     settle,
 )
-from ..loop import run_agent_loop
-from ..notify.sender import start_sender
-from ..notify.webhook import check as check_webhook
-from ..processes import this_process
-from ..ratelimits.gate import ModelGate
-from ..runs import RunRequest, admit, post_message
-from ..settings import Settings, get_settings
-from ..steps import ModelTurn, dump
-from ..store import RunView, Store
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..store.db import utcnow
-from ..streams.base import Frame, MemoryStreams, RunStream
-from . import abandoned
-from .inline_controls import InlineControls, Replay
-from .inline_queue import QueuedTurns
-from .inline_waits import HumanWaits
-from .turn import (
+from ...loop import run_agent_loop
+from ...notify.sender import start_sender
+from ...notify.webhook import check as check_webhook
+from ...processes import this_process
+from ...ratelimits.gate import ModelGate
+from ...runs import RunRequest, admit, post_message
+from ...settings import Settings, get_settings
+from ...steps import ModelTurn, dump
+from ...store import RunView, Store
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...store.db import utcnow
+from ...streams.base import Frame, MemoryStreams, RunStream
+from ..turn import (
     Ending,
     announce_end,
     ask_waterfall,
@@ -66,6 +62,10 @@ from .turn import (
     start_turn,
     turn_for,
 )
+from . import abandoned
+from .controls import InlineControls, Replay
+from .human_waits import HumanWaits
+from .queue import QueuedTurns
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -374,7 +374,7 @@ class InlineRunner(QueuedTurns, InlineControls):
         return affected + [target for target in ended if target not in affected]
 
     def _abandoned(self, **in_the_way: Any) -> None:
-        """End the runs in a run's way whose process is gone (runners/abandoned.py)."""
+        """End the runs in a run's way whose process is gone (runners/inline/abandoned.py)."""
         if abandoned.end_in_the_way(self.store, self.app, streams=self.streams, **in_the_way):
             self._nudge()
 

@@ -18,10 +18,10 @@ from datetime import datetime
 
 import redis
 
-from ..leases import Holder, Leases
-from ..store import Store
-from ..store import holds as hold_rows
-from ..store.db import wait_for_locks_at_most
+from ...leases import Holder, Leases
+from ...store import Store
+from ...store import holds as hold_rows
+from ...store.db import wait_for_locks_at_most
 
 log = logging.getLogger(__name__)
 

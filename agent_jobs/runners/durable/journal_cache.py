@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..checkpoints import model_prefix
-from ..session import INBOX
-from ..store import journal as journal_rows
+from ...checkpoints import model_prefix
+from ...session import INBOX
+from ...store import journal as journal_rows
 
 FINAL = frozenset({"done", "failed"})
 

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import greenlet
 
-from ..errors import Suspend
+from ...errors import Suspend
 
 
 class Abandoned(BaseException):

@@ -1,7 +1,7 @@
 """What a step task is made of, apart from the runner: the step's outcome as the pass it
 wakes writes it, when a delivery must leave a row alone (or, come late, must call
 nothing), and how a step run in a chain is reported. The heartbeat of a running step is
-in runners/running.py."""
+in runners/durable/running.py."""
 
 from __future__ import annotations
 
@@ -16,23 +16,23 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from .. import observe
-from ..app import AgentApp
-from ..dispatch import own_queue, tool_of
-from ..errors import Deferred, ModelError, RetryLater
-from ..executor import StepEnv
-from ..leases import Holder
-from ..settings import Settings
-from ..steps import parse_intent
-from ..store import RunView, Store, outcomes
-from ..store import events as event_rows
-from ..store import holds as hold_rows
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..store.db import utcnow
+from ... import observe
+from ...app import AgentApp
+from ...dispatch import own_queue, tool_of
+from ...errors import Deferred, ModelError, RetryLater
+from ...executor import StepEnv
+from ...leases import Holder
+from ...settings import Settings
+from ...steps import parse_intent
+from ...store import RunView, Store, outcomes
+from ...store import events as event_rows
+from ...store import holds as hold_rows
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...store.db import utcnow
+from ..turn import ask_waterfall
 from .liveness import QUICK_SHARE
 from .replay import DurableHooks, task_for
-from .turn import ask_waterfall
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class Completion:
     finished_at: datetime = field(default_factory=utcnow)
     dead_letter: bool = False
     # The non-idempotent action's call whose handler this step ran: its outcome is known
-    # once this is written (runners/reconcile.py).
+    # once this is written (runners/durable/reconcile.py).
     call_id: str | None = None
     # The step's epoch as the delivery that ran it read it: the outcome is written only
     # while it is still that one (journal.fence; None: whatever it is).

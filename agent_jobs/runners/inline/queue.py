@@ -12,13 +12,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .. import admission
-from ..app import AgentApp
-from ..executor import StepEnv
-from ..store import RunView, Store
-from ..store import runs as run_rows
-from ..streams.base import RunStream
-from .turn import Ending, announce_end, finish_turn, stop_cause
+from ... import admission
+from ...app import AgentApp
+from ...executor import StepEnv
+from ...store import RunView, Store
+from ...store import runs as run_rows
+from ...streams.base import RunStream
+from ..turn import Ending, announce_end, finish_turn, stop_cause
 
 OTHERS_POLL = 1.0  # seconds between looks while nothing here ends
 

@@ -21,15 +21,15 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, and_, or_, select
 
-from ..app import AgentApp
-from ..errors import RunAbandonedError
-from ..executor import StepEnv
-from ..processes import describe, gone
-from ..store import RunView, Store
-from ..store import runs as run_rows
-from ..store.schema import runs
-from ..streams.base import MemoryStreams, RunStream
-from .turn import Ending, announce_end, finish_turn
+from ...app import AgentApp
+from ...errors import RunAbandonedError
+from ...executor import StepEnv
+from ...processes import describe, gone
+from ...store import RunView, Store
+from ...store import runs as run_rows
+from ...store.schema import runs
+from ...streams.base import MemoryStreams, RunStream
+from ..turn import Ending, announce_end, finish_turn
 
 
 def in_the_way(

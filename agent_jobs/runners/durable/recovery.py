@@ -15,17 +15,17 @@ from typing import Protocol
 import redis
 from sqlalchemy.exc import OperationalError
 
-from ..app import AgentApp
-from ..approvals import deadlines
-from ..dispatch import Dispatcher
-from ..leases import SEP, Holder, Leases, session_name
-from ..settings import Settings
-from ..store import Store
-from ..store import holds as hold_rows
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..store.db import end_sessions_of, lock_not_available, utcnow, wait_for_locks_at_most
-from ..streams.base import RunStream, StreamBackend
+from ...app import AgentApp
+from ...approvals import deadlines
+from ...dispatch import Dispatcher
+from ...leases import SEP, Holder, Leases, session_name
+from ...settings import Settings
+from ...store import Store
+from ...store import holds as hold_rows
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...store.db import end_sessions_of, lock_not_available, utcnow, wait_for_locks_at_most
+from ...streams.base import RunStream, StreamBackend
 from .replay import sent_as_journaled
 from .running import Running
 
@@ -63,7 +63,7 @@ RECOVERY_LOCK_WAIT = 0.5
 def recover_process(
     store: Store, leases: Leases, dispatcher: Dispatcher, process: str, run_ids: set[str]
 ) -> set[str]:
-    """`process` died working on `run_ids` (see runners/liveness.py): let go of what it
+    """`process` died working on `run_ids` (see runners/durable/liveness.py): let go of what it
     held, claims in rows and leases in Redis, and send again each step in flight that
     nobody else holds (a dying process may have let its lease go already); a run with
     none is re-driven (its process died in a pass). Each step let go of is fenced (its

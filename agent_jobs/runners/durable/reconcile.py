@@ -21,17 +21,17 @@ from typing import Any
 
 import redis
 
-from .. import checkpoints as names
-from ..app import AgentApp
-from ..checkpoints import ToolOutcome
-from ..executor import StepEnv
-from ..hooks import StepCall
-from ..leases import Leases
-from ..steps import InvokeTool, parse_intent
-from ..store import RunView, Store, outcomes
-from ..store.runs import RunStatus
-from ..tools import ReconcileContext, Tool
-from . import waits
+from ... import checkpoints as names
+from ...app import AgentApp
+from ...checkpoints import ToolOutcome
+from ...executor import StepEnv
+from ...hooks import StepCall
+from ...leases import Leases
+from ...steps import InvokeTool, parse_intent
+from ...store import RunView, Store, outcomes
+from ...store.runs import RunStatus
+from ...tools import ReconcileContext, Tool
+from .. import waits
 
 log = logging.getLogger(__name__)
 

@@ -28,24 +28,34 @@ import redis
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from .. import admission, controls, diagnostics, observe
-from ..app import AgentApp
-from ..dispatch import Dispatcher, ResendingDispatcher, tools_of
-from ..errors import AgentJobsError, ModelError, RetryLater, Suspend
-from ..executor import StepEnv, execute_remote
-from ..leases import Holder, Leases
-from ..logs import log_context
-from ..loop import run_agent_loop
-from ..ratelimits.gate import ModelGate
-from ..runs import RunRequest, admit
-from ..settings import Settings
-from ..steps import ModelTurn, dump, parse_intent
-from ..store import RunView, Store
-from ..store import events as event_rows
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..store.db import utcnow
-from ..streams.base import RunStream, StreamBackend
+from ... import admission, controls, diagnostics, observe
+from ...app import AgentApp
+from ...dispatch import Dispatcher, ResendingDispatcher, tools_of
+from ...errors import AgentJobsError, ModelError, RetryLater, Suspend
+from ...executor import StepEnv, execute_remote
+from ...leases import Holder, Leases
+from ...logs import log_context
+from ...loop import run_agent_loop
+from ...ratelimits.gate import ModelGate
+from ...runs import RunRequest, admit
+from ...settings import Settings
+from ...steps import ModelTurn, dump, parse_intent
+from ...store import RunView, Store
+from ...store import events as event_rows
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...store.db import utcnow
+from ...streams.base import RunStream, StreamBackend
+from ..turn import (
+    Ending,
+    Finished,
+    account_discarded_usage,
+    announce_end,
+    finish_turn,
+    start_turn,
+    stop_cause,
+    turn_for,
+)
 from . import journal_cache, reconcile, recovery
 from .liveness import Liveness, working_on
 from .replay import DurableHooks, drive, hooks_for, sent_as
@@ -66,16 +76,6 @@ from .step_tasks import (
     refusal,
 )
 from .sticky import StickyLoops
-from .turn import (
-    Ending,
-    Finished,
-    account_discarded_usage,
-    announce_end,
-    finish_turn,
-    start_turn,
-    stop_cause,
-    turn_for,
-)
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class DurableRunner:
         # task it is); by default, not at all.
         self.eager_events: EagerEvents = quiet_events
         self.journal_cache = journal_cache.JournalCache()
-        # Runs whose loop waits in this process between passes (runners/sticky.py).
+        # Runs whose loop waits in this process between passes (runners/durable/sticky.py).
         self.loops = StickyLoops(256 if settings.sticky_loops else 0, settings.sticky_idle)
         # A worker's: this process's beat, so another recovers its runs if it dies.
         self.liveness: Liveness | None = None
@@ -496,5 +496,5 @@ class DurableRunner:
 
     def sweep(self) -> int:
         """Decide the approvals past their deadline, re-drive the runs that made no
-        progress for a while (runners/recovery.py); returns how many runs it re-drove."""
+        progress for a while (runners/durable/recovery.py); returns how many runs it re-drove."""
         return recovery.sweep(self)

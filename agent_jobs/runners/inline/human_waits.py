@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
 
-from .. import checkpoints as names
-from ..approvals import deadlines
-from ..checkpoints import Decision
-from ..hooks import AnswersWait, ApprovalRequests, ApprovalWait
-from ..store import RunView
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..store.db import utcnow
-from ..streams.base import RunStream
-from . import waits
+from ... import checkpoints as names
+from ...approvals import deadlines
+from ...checkpoints import Decision
+from ...hooks import AnswersWait, ApprovalRequests, ApprovalWait
+from ...store import RunView
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...store.db import utcnow
+from ...streams.base import RunStream
+from .. import waits
 
 if TYPE_CHECKING:
-    from .inline import InlineRunner
-    from .inline_controls import Replay
+    from .controls import Replay
+    from .runner import InlineRunner
 
 T = TypeVar("T")
 

@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from .. import checkpoints as names
-from .. import observe
-from ..approvals import deadlines
-from ..checkpoints import Decision, DelegationOutcome
-from ..dispatch import INVOKE_TOOL, MODEL_TURN
-from ..errors import NonDeterminismError, StepFailedError, Suspend
-from ..executor import StepEnv, execute_local
-from ..hooks import (
+from ... import checkpoints as names
+from ... import observe
+from ...approvals import deadlines
+from ...checkpoints import Decision, DelegationOutcome
+from ...dispatch import INVOKE_TOOL, MODEL_TURN
+from ...errors import NonDeterminismError, StepFailedError, Suspend
+from ...executor import StepEnv, execute_local
+from ...hooks import (
     AnswersWait,
     ApprovalRequests,
     ApprovalWait,
@@ -34,15 +34,16 @@ from ..hooks import (
     StepCall,
     settle,
 )
-from ..steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
-from ..store import RunView, model_requests
-from ..store import journal as journal_rows
-from ..store import runs as run_rows
-from ..store.db import utcnow
-from . import reconcile, waits
+from ...steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
+from ...store import RunView, model_requests
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from ...store.db import utcnow
+from .. import waits
+from ..turn import child_run_id, create_child, delegation_intent, delegation_label
+from . import reconcile
 from .journal_cache import Read
 from .sticky import ParkedLoop, StickyLoops
-from .turn import child_run_id, create_child, delegation_intent, delegation_label
 
 T = TypeVar("T")
 
@@ -98,7 +99,7 @@ class DurableHooks(LoopHooks):
         self.in_block = False  # inside a fan-out: steps are found by name
         self.block_end = 0  # the last position a fan-out's steps took
         # Where the loop parks instead of suspending, when it runs in a greenlet of its own
-        # that outlives the pass (runners/sticky.py); the rows its last pass read as
+        # that outlives the pass (runners/durable/sticky.py); the rows its last pass read as
         # final, which never change.
         self.sticky: ParkedLoop | None = None
         self.seen_final = 0
@@ -256,7 +257,7 @@ class DurableHooks(LoopHooks):
                 return row.result
             if row.state == "failed":
                 raise StepFailedError(call.name, row.error or "failed")
-            # A call whose outcome nobody knows waits for a person (runners/reconcile.py).
+            # A call whose outcome nobody knows waits for a person (runners/durable/reconcile.py).
             self._suspend(self._wait(*reconcile.waiting_on(self.run, self.env, call, row)))
             row = self.by_name[call.name]  # as the pass that resumed the loop read it
 
@@ -458,7 +459,7 @@ def hooks_for(
     disabled_patches: frozenset[str],
 ) -> DurableHooks:
     """The pass's hooks: those of the run's loop parked in this process if the journal
-    is what it knows (see runners/sticky.py), else new ones that replay it."""
+    is what it knows (see runners/durable/sticky.py), else new ones that replay it."""
     loop = loops.take(run.run_id, run.created_at, read)
     if loop is None:
         hooks = DurableHooks(conn, run, read.rows, env, disabled_patches)

@@ -8,7 +8,7 @@ process says twice a second, in Redis, that it lives (a sorted set scored by Red
 clock, so machines' clocks do not matter), and keeps a set of the runs its tasks work on.
 A beat also takes (atomically: one taker) the processes silent for `process_timeout`
 seconds; the taker lets go of their claims and leases and sends their steps again
-(runners/recovery.py), on a recovery thread of its own: a recovery that waits (on a row
+(runners/durable/recovery.py), on a recovery thread of its own: a recovery that waits (on a row
 a lost host's open transaction still locks) never holds up the beat. A worker that
 starts takes at once the processes of its machine that are provably gone (their pid no
 longer runs), as after a restart.
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 
 import redis
 
-from ..leases import SEP, Holder, Leases, this_machine
+from ...leases import SEP, Holder, Leases, this_machine
 
 log = logging.getLogger(__name__)
 
