@@ -6,7 +6,6 @@ The module-level functions use a default `Client` built from the settings
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any, Literal
@@ -14,28 +13,23 @@ from typing import Any, Literal
 from . import controls, session, tracing
 from .admission import IfBusy
 from .app import AgentApp
-from .approvals.record import record_answers, record_decision
-from .checkpoints import Decision
-from .dispatch import BROKER_ERRORS, CeleryDispatcher, celery_client
-from .errors import ConfigurationError, UnknownRunError
+from .commands import Commands
+from .dispatch import CeleryDispatcher, celery_client
+from .errors import UnknownRunError
 from .loading import load_app
-from .reconciliation import Outcome, Reconciliation, record_reconciliation
-from .runs import RunRequest, admit
-from .runs import post_message as post_to_inbox
+from .reconciliation import Outcome, Reconciliation
+from .runners import DurableWake
+from .runs import RunRequest
 from .settings import Settings, get_settings
 from .store import RunView, Store
-from .store import journal as journal_rows
-
-log = logging.getLogger(__name__)
-
-QUEUED = "it is recorded and queued, and the sweep starts it once the broker is back"
-DECIDED = "what it waited for is recorded, and the sweep re-drives it once the broker is back"
-CANCEL_RECORDED = "the cancel is recorded; the run stops when a worker next drives it"
-CONTROL_RECORDED = "it is recorded, and takes effect when a worker next drives the run"
 
 
 class Client:
-    """A handle on one deployment: its store, its app, and (when durable) its broker."""
+    """A handle on one deployment: its store, its app, and (when durable) its broker.
+
+    Its commands are `agent_jobs.commands`' with the durable runner's wake: recorded,
+    then the broker is told (runs other processes drive inline are left to them).
+    """
 
     def __init__(
         self,
@@ -48,6 +42,8 @@ class Client:
         self.app = app
         self.settings = settings or get_settings()
         self.dispatcher = dispatcher
+        self.waker = DurableWake(store, dispatcher)
+        self.commands = Commands(store, app, self.waker)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Client:
@@ -60,13 +56,6 @@ class Client:
         app = load_app(settings.app)
         tracing.setup(settings)  # after the app, which may have set OpenTelemetry up itself
         return cls(Store.from_url(settings.database_url), app, settings, dispatcher)
-
-    def _broker(self) -> CeleryDispatcher:
-        if self.dispatcher is None:
-            raise ConfigurationError(
-                "no broker: set AGENT_JOBS_BROKER_URL to use the durable runner"
-            )
-        return self.dispatcher
 
     def enqueue_run(
         self,
@@ -91,7 +80,7 @@ class Client:
         returned: the run is recorded and queued and the sweep starts it, where an error
         would invite a retry that records the same request twice.
         """
-        self._broker()  # no broker: refused before the request is looked at
+        self.waker.broker()  # no broker: refused before the request is looked at
         request = RunRequest.of(
             agent,
             input,
@@ -109,22 +98,7 @@ class Client:
 
         A run id that is taken finds the run already there: nothing is written or sent.
         """
-        dispatcher = self._broker()
-        made = admit(self.store, self.app, request, runner="durable", status="queued")
-        for interrupted in made.interrupted:  # asked to stop: a parked one must hear it
-            self._wake(interrupted, CANCEL_RECORDED)
-        if made.created:
-            # The row is written, so a re-drive is all a worker needs: no start_run.
-            self._send(dispatcher, made.run_id, QUEUED)
-        return made.run_id, made.created
-
-    def _send(self, dispatcher: CeleryDispatcher, run_id: str, then: str) -> None:
-        """Ask a worker to re-drive a run whose new state is already committed; a broker
-        that cannot be reached is a warning saying what happens `then`."""
-        try:
-            dispatcher.coordinate(run_id)
-        except BROKER_ERRORS as exc:
-            log.warning("run %s: the broker could not be reached (%s); %s", run_id, exc, then)
+        return self.commands.admit(request)
 
     def wake(self, run_id: str) -> None:
         """Ask a worker to re-drive the run (durable runs only; harmless to repeat).
@@ -132,12 +106,7 @@ class Client:
         A broker that cannot be reached is logged, not raised: what woke the run is
         recorded, and the sweep re-drives a run whose decision or answers came in.
         """
-        self._wake(run_id, DECIDED)
-
-    def _wake(self, run_id: str, then: str) -> None:
-        run = self.store.get_run(run_id)
-        if run.runner == "durable" and self.dispatcher is not None:
-            self._send(self.dispatcher, run_id, then)
+        self.waker.wake(run_id)
 
     def get_run(self, run_id: str) -> RunView:
         return self.store.get_run(run_id)
@@ -163,17 +132,13 @@ class Client:
     ) -> bool:
         """Record a decision on a pending call; False if another decision came first.
 
-        Raises `UnknownRunError`, `UnknownCallError` or `DecisionRefusedError` (an actor
-        without an approver role, arguments that changed) and then records nothing.
+        Raises `UnknownRunError`, `UnknownCallError` or a `DecisionRefusedError` saying why
+        (`NotAnApproverError`, `RunEndedError`, `ArgumentsChangedError`, …) and then
+        records nothing.
         """
-        verdict = Decision(decision=decision, actor=actor, reason=reason)
-        with self.store.begin() as conn:
-            outcome = record_decision(
-                conn, self.app, run_id, call_id, verdict, expected_args_sha256=args_sha256
-            )
-        if outcome == "recorded":
-            self.wake(run_id)  # recorded first, then the run is woken
-        return outcome == "recorded"
+        return self.commands.decide(
+            run_id, call_id, decision, actor=actor, reason=reason, args_sha256=args_sha256
+        )
 
     def approve(self, run_id: str, call_id: str, *, actor: str, reason: str | None = None) -> bool:
         return self.decide(run_id, call_id, "approve", actor=actor, reason=reason)
@@ -186,11 +151,7 @@ class Client:
 
         Returns False when the question was already answered (the first answers win).
         """
-        with self.store.begin() as conn:
-            outcome = record_answers(conn, run_id, request_id, answers, actor=actor)
-        if outcome == "recorded":
-            self.wake(run_id)
-        return outcome == "recorded"
+        return self.commands.answer(run_id, request_id, answers, actor=actor)
 
     def reconcile(
         self,
@@ -212,17 +173,7 @@ class Client:
         decision: the first decision wins), and then records nothing.
         """
         decision = Reconciliation(outcome, actor, result, error)
-        with self.store.begin() as conn:
-            recorded = record_reconciliation(conn, self.app, run_id, call_id, decision)
-        if recorded.resend is not None and self.dispatcher is not None:
-            try:  # the step is `scheduled` again: the sweep sends it if this send is lost
-                self.dispatcher.steps(run_id, [recorded.resend])
-            except BROKER_ERRORS as exc:
-                log.warning(
-                    "run %s: the broker could not be reached (%s); %s", run_id, exc, DECIDED
-                )
-        self.wake(run_id)
-        return True
+        return self.commands.reconcile(run_id, call_id, decision)
 
     # --- the session runtime -----------------------------------------------------------
 
@@ -233,24 +184,14 @@ class Client:
         becomes the next request when the turn ends, or starts a turn at once on an idle
         thread (durable threads: this process enqueues it).
         """
-        with self.store.begin() as conn:
-            thread_id, next_run = post_to_inbox(
-                conn, self.app, run_or_thread, text, target=target, runner="durable"
-            )
-        if next_run is not None:
-            self._send(self._broker(), next_run, QUEUED)
-        return thread_id
+        return self.commands.post_message(run_or_thread, text, target=target)
 
     def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:
         """Cancel a run and its children; each stops at its next boundary.
 
         Returns the ids of the runs asked to stop (none when the run already ended).
         """
-        with self.store.begin() as conn:
-            affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
-        for target in affected:
-            self._wake(target, CANCEL_RECORDED)
-        return affected
+        return self.commands.cancel(run_id, cause, keep_inbox=keep_inbox)
 
     # --- operator controls (agent_jobs/controls) ---------------------------------------
 
@@ -259,48 +200,18 @@ class Client:
         then it is `paused`, and nothing of it runs or holds a worker until `resume`.
         Returns the ids asked. Raises `UnknownRunError`, or `ControlRefusedError` for a
         run that has ended, is being cancelled, or is paused already (nothing changes)."""
-        with self.store.begin() as conn:
-            asked = controls.pause(conn, run_id, actor)
-        for target in asked:  # a run waiting for a person pauses now, not once it goes on
-            self._wake(target, CONTROL_RECORDED)
-        return asked
+        return self.commands.pause(run_id, actor=actor)
 
     def resume(self, run_id: str, *, actor: str) -> list[str]:
         """Let a paused run (and its delegated runs) go on from where it stopped; returns
         the ids resumed. Raises `ControlRefusedError` for a run that is not paused."""
-        with self.store.begin() as conn:
-            resumed = controls.resume(conn, run_id, actor)
-        for target in resumed:
-            self._resend(target)
-            self._wake(target, CONTROL_RECORDED)
-        return resumed
-
-    def _resend(self, run_id: str) -> None:
-        """Send the run's scheduled steps again: one a worker left alone while the run
-        was paused (a person had it run again meanwhile) waits for it."""
-        if self.dispatcher is None:
-            return
-        with self.store.connect() as conn:
-            waiting = [r for r in journal_rows.in_flight(conn, run_id) if r.state == "scheduled"]
-        steps = [(controls.task_of(row.intent), row.step) for row in waiting if not row.holder]
-        if steps:
-            try:
-                self.dispatcher.steps(run_id, steps)
-            except BROKER_ERRORS as exc:
-                log.warning("run %s: the broker could not be reached (%s)", run_id, exc)
+        return self.commands.resume(run_id, actor=actor)
 
     def retry(self, run_id: str, *, actor: str) -> controls.Retried:
         """Run the failed step of a run that failed on it (a dead letter, a step's error)
         again, with a fresh attempt count; the run's error is cleared and it goes on.
         Raises `ControlRefusedError` for any other run (nothing changes)."""
-        dispatcher = self._broker()
-        with self.store.begin() as conn:
-            retried = controls.retry(conn, run_id, actor, runner="durable")
-        try:  # the rows are `scheduled`: the sweep sends them if this send is lost
-            dispatcher.steps(run_id, retried.sends)
-        except BROKER_ERRORS as exc:
-            log.warning("run %s: the broker could not be reached (%s); %s", run_id, exc, DECIDED)
-        return retried
+        return self.commands.retry(run_id, actor=actor)
 
     def fork(
         self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False
@@ -310,22 +221,9 @@ class Client:
         again, `asked_again` the `action` calls a person is asked about again: a fork
         inherits no decision, unless `actor` may make it and `keep_decisions` keeps it as
         theirs (`kept_decisions`). Raises `InvalidRequestError` for a step it cannot fork
-        at (not in the journal, inside a fan-out, …), `DecisionRefusedError` for a
+        at (not in the journal, inside a fan-out, …), `NotAnApproverError` for a
         decision `actor` may not keep, and `ControlRefusedError` (nothing is written)."""
-        dispatcher = self._broker()
-        with self.store.begin() as conn:
-            forked = controls.fork(
-                conn,
-                self.app,
-                run_id,
-                at,
-                actor,
-                runner="durable",
-                status="queued",
-                keep_decisions=keep_decisions,
-            )
-        self._send(dispatcher, forked.run_id, QUEUED)
-        return forked
+        return self.commands.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     def select_model(
         self,
@@ -339,10 +237,7 @@ class Client:
         selection = session.ModelSelection(
             provider=provider, model=model, reasoning_effort=reasoning_effort
         )
-        with self.store.begin() as conn:
-            thread_id, _ = session.resolve_thread(conn, run_or_thread)
-            session.select_model(conn, thread_id, selection)
-        return thread_id
+        return self.commands.select_model(run_or_thread, selection)
 
     def events(self, run_or_thread: str) -> list[session.Event]:
         """The session log of a thread (or of the thread a run belongs to)."""

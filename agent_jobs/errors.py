@@ -98,14 +98,34 @@ class InvalidRequestError(AgentJobsError):
     """A request from outside (a run request, a message, a decision) is malformed."""
 
 
+# --- refusals: why a well-formed request does not apply; nothing was written -----------
+# Each door maps these to its answer in one place (the HTTP API: agent_jobs/http/errors.py;
+# the command line: agent_jobs/cli/common.py), so no door checks before the domain does.
+
+
+class Forbidden:
+    """Refused because of who asks: the actor may not do this (HTTP 403; it wins over
+    anything else a refusal is)."""
+
+
+class Conflict:
+    """Refused because of what is recorded: the run, call or question is not in a state
+    where this applies (HTTP 409)."""
+
+
 class TooManyRunsError(AgentJobsError):
     """The actor has as many runs going as this process lets one actor have (`serve`
     without a broker, where each run holds a thread); nothing was written."""
 
 
-class ControlRefusedError(StoreError):
+class ControlRefusedError(StoreError, Conflict):
     """An operator control (pause, resume, retry, fork) does not apply to the run as it
     stands (it has ended, is not paused, did not fail on a step, …); nothing changed."""
+
+
+class NotYoursError(AgentJobsError, Forbidden):
+    """Only the run's own actor (or a `service` actor acting for it) may do this: steer
+    it, cancel it, answer its questions, use its controls."""
 
 
 # --- the turn ------------------------------------------------------------------------
@@ -253,14 +273,43 @@ class ApprovalError(AgentJobsError):
 
 
 class DecisionRefusedError(ApprovalError):
+    """A decision or answers were refused; the subclass says why."""
+
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
 
 
+class NotAnApproverError(DecisionRefusedError, Forbidden):
+    """The actor holds none of the roles that may decide the call (an escalated call's:
+    the roles it went to), or keep a decision on it in a fork."""
+
+
+class RunEndedError(DecisionRefusedError, Conflict):
+    """The run has ended: what it waited for can no longer be given."""
+
+
+class NotWaitingError(DecisionRefusedError, Conflict):
+    """The call is not waiting for this decision (it never asked, or it moved on)."""
+
+
+class ArgumentsChangedError(DecisionRefusedError, Conflict):
+    """`args_sha256` names other arguments than the call's: the decision was made on
+    something else."""
+
+
+class UnknownQuestionError(DecisionRefusedError):
+    """The run asked no question with this id (HTTP 404)."""
+
+
 class ReconcileRefusedError(DecisionRefusedError):
     """A person's word on a call whose outcome is unknown was refused (the call is not
     waiting for one, the actor may not give it); nothing was recorded."""
+
+
+class NotAReconcilerError(ReconcileRefusedError, Forbidden):
+    """The actor may not say how the call ended: none of the tool's approver roles, nor
+    `service`."""
 
 
 # --- control flow (not failures) -----------------------------------------------------

@@ -23,7 +23,13 @@ from sqlalchemy import Connection
 from .app import AgentApp
 from .checkpoints import ToolOutcome
 from .dispatch import INVOKE_TOOL
-from .errors import InvalidRequestError, ReconcileRefusedError, UnknownCallError, UnknownRunError
+from .errors import (
+    InvalidRequestError,
+    NotAReconcilerError,
+    ReconcileRefusedError,
+    UnknownCallError,
+    UnknownRunError,
+)
 from .store import outcomes, runs, toolcalls
 from .store.db import contains_nul, utcnow
 
@@ -112,9 +118,10 @@ def record_reconciliation(
 ) -> Recorded:
     """Check and record `decision` in the caller's transaction.
 
-    Raises `UnknownRunError`, `UnknownCallError`, or `ReconcileRefusedError` (the actor may
-    not decide, the run has ended, the call is not waiting for a decision: never began,
-    its outcome is known, or another decision came first); nothing is written then.
+    Raises `UnknownRunError`, `UnknownCallError`, `NotAReconcilerError` (the actor may
+    not decide), or `ReconcileRefusedError` (the run has ended, the call is not waiting
+    for a decision: never began, its outcome is known, or another decision came first);
+    nothing is written then.
     """
     # The run's lock: a pass that parks or resumes the run goes before or after, never
     # between the checks and the write.
@@ -127,7 +134,7 @@ def record_reconciliation(
     if not may_reconcile(app, call.name, decision.actor):
         tool = app.registry.get(call.name)
         roles = ", ".join(sorted({*(tool.approvers or ()), SERVICE_ROLE}))
-        raise ReconcileRefusedError(
+        raise NotAReconcilerError(
             f"actor {decision.actor!r} may not say how call {call_id} ({call.name}) ended: "
             f"it needs one of the roles {roles}"
         )

@@ -35,7 +35,13 @@ from redis.retry import Retry
 from .. import checkpoints as names
 from .. import metrics
 from ..client import Client
-from ..errors import ConfigurationError, DecisionRefusedError, UnknownCallError, UnknownRunError
+from ..errors import (
+    ConfigurationError,
+    DecisionRefusedError,
+    InvalidRequestError,
+    UnknownCallError,
+    UnknownRunError,
+)
 from ..logs import log_context
 from ..notify.sender import start_sender
 from ..notify.webhook import check as check_webhook
@@ -223,7 +229,7 @@ class ApprovalsListener:
                 )
         except UnknownRunError as exc:
             return Outcome("unknown_run", str(exc), run_id, request_id=request_id)
-        except DecisionRefusedError as exc:
+        except (DecisionRefusedError, InvalidRequestError) as exc:
             return Outcome("refused", str(exc), run_id, request_id=request_id)
         if recorded:
             detail = f"answers by {message.actor}; the run is woken"

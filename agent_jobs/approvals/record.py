@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from sqlalchemy import Connection
@@ -10,7 +11,17 @@ from .. import checkpoints as names
 from .. import observe
 from ..app import AgentApp
 from ..checkpoints import Decision
-from ..errors import DecisionRefusedError, UnknownCallError, UnknownRunError
+from ..errors import (
+    ArgumentsChangedError,
+    DecisionRefusedError,
+    InvalidRequestError,
+    NotAnApproverError,
+    NotWaitingError,
+    RunEndedError,
+    UnknownCallError,
+    UnknownQuestionError,
+    UnknownRunError,
+)
 from ..messages import args_sha256
 from ..store import journal, questions, runs, toolcalls
 from ..store.db import contains_nul
@@ -31,9 +42,11 @@ def record_decision(
 ) -> Recorded:
     """Check and record `decision` in the caller's transaction.
 
-    Raises `UnknownRunError`, `UnknownCallError` or `DecisionRefusedError` (an actor
-    without an approver role, arguments that changed, a run that has ended; nothing is
-    written then). Returns "already_decided" when another decision came first.
+    Raises `UnknownRunError`, `UnknownCallError`, or a `DecisionRefusedError` saying why:
+    `NotAnApproverError` (an actor without an approver role: judged first, so it learns
+    nothing of the call's state), `NotWaitingError`, `RunEndedError`,
+    `ArgumentsChangedError`; nothing is written then. Returns "already_decided" when
+    another decision came first.
     """
     # The run's lock: a run that ends while the decision is checked ends before it or
     # after it is recorded, never in between.
@@ -43,33 +56,24 @@ def record_decision(
     call = toolcalls.get_call(conn, run_id, call_id)
     if call is None:
         raise UnknownCallError(run_id, call_id)
+    if contains_nul([decision.actor, decision.reason]):
+        raise DecisionRefusedError("the actor and the reason must not contain NUL characters")
+    check_approver(app, call, decision.actor)
     if call.status != "pending_approval":
         if call.decision is not None:
             return "already_decided"
-        raise DecisionRefusedError(
+        raise NotWaitingError(
             f"call {call_id} of run {run_id} is {call.status}, not waiting for a decision"
         )
     if run.status in runs.TERMINAL:
-        raise DecisionRefusedError(
+        raise RunEndedError(
             f"run {run_id} has ended ({run.status}): call {call_id} can no longer be decided"
         )
-    if contains_nul([decision.actor, decision.reason]):
-        raise DecisionRefusedError("the actor and the reason must not contain NUL characters")
     if expected_args_sha256 is not None and expected_args_sha256 != args_sha256(call.args):
-        raise DecisionRefusedError(
+        raise ArgumentsChangedError(
             f"args_sha256 does not match the arguments of call {call_id}: "
             "the decision was made on different arguments"
         )
-    if call.name in app.registry:
-        tool = app.registry.get(call.name)
-        # An escalated call is for the roles it was escalated to (approvals/deadlines.py).
-        escalated = call.approvers if call.escalated else None
-        if not app.roles.may_approve(tool, decision.actor, escalated):
-            approvers = ", ".join(sorted(escalated or tool.approvers or ()))
-            raise DecisionRefusedError(
-                f"actor {decision.actor!r} may not decide on {call.name}: "
-                f"it needs one of the roles {approvers}"
-            )
     if not toolcalls.decide(
         conn,
         run_id,
@@ -85,35 +89,68 @@ def record_decision(
     return "recorded"
 
 
+def decider_roles(
+    app: AgentApp, tool: str, escalated_to: Iterable[str] | None
+) -> tuple[str, ...] | None:
+    """The roles that may decide a call of `tool` now, sorted: the roles it was escalated
+    to (approvals/deadlines.py), else the tool's approvers; None when anyone may (a tool
+    that names none, or one the app no longer defines). Every door judges by this."""
+    if escalated_to is not None:
+        return tuple(sorted(escalated_to))
+    approvers = app.registry.get(tool).approvers if tool in app.registry else None
+    return tuple(sorted(approvers)) if approvers is not None else None
+
+
+def may_decide(app: AgentApp, actor: str, tool: str, escalated_to: Iterable[str] | None) -> bool:
+    """Whether `actor`'s decision on a call of `tool` counts (`decider_roles`)."""
+    roles = decider_roles(app, tool, escalated_to)
+    return roles is None or bool(set(roles) & app.roles.roles_of(actor))
+
+
+def escalated_to(call: Any) -> list[str] | None:
+    """The roles a call's row was escalated to; None if it was not."""
+    return list(call.approvers or ()) if call.escalated else None
+
+
+def check_approver(app: AgentApp, call: Any, actor: str, doing: str = "decide on") -> None:
+    """`NotAnApproverError` unless `actor` may decide `call` (its row)."""
+    escalated = escalated_to(call)
+    if not may_decide(app, actor, call.name, escalated):
+        roles = ", ".join(decider_roles(app, call.name, escalated) or ())
+        raise NotAnApproverError(
+            f"actor {actor!r} may not {doing} {call.name}: it needs one of the roles {roles}"
+        )
+
+
 def record_answers(
     conn: Connection, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str
 ) -> Recorded:
     """Record a person's answers to a tool's questions; the first answers win.
 
-    Raises `UnknownRunError`, or `DecisionRefusedError` when no such question is open
-    (none was asked, or the run has ended).
+    Raises `UnknownRunError`, `UnknownQuestionError`, `RunEndedError`, a
+    `DecisionRefusedError` for answers that are not text of a sane size, or
+    `InvalidRequestError` for answers that do not answer exactly the questions asked;
+    nothing is written then. Returns "already_decided" when they were answered already.
     """
     run = runs.get_run(conn, run_id, for_update=True)  # as in `record_decision`
     if run is None:
         raise UnknownRunError(run_id)
     asked = questions.get(conn, run_id, request_id)
     if asked is None:
-        raise DecisionRefusedError(f"run {run_id} asked no question {request_id!r}")
-    if not isinstance(answers, dict):
-        raise DecisionRefusedError("answers must be an object of question id to answer")
-    if contains_nul([answers, actor]):
-        raise DecisionRefusedError("answers must not contain NUL characters")
-    if any(len(str(k)) > MAX_QUESTION_ID or len(str(v)) > MAX_ANSWER for k, v in answers.items()):
-        raise DecisionRefusedError(
-            f"an answer may be at most {MAX_ANSWER} characters long, a question id "
-            f"{MAX_QUESTION_ID}"
-        )
+        raise UnknownQuestionError(f"run {run_id} asked no question {request_id!r}")
+    _check_answers(answers, actor)
     if asked.answers is not None:
         return "already_decided"
     if run.status in runs.TERMINAL:
-        raise DecisionRefusedError(
+        raise RunEndedError(
             f"run {run_id} has ended ({run.status}): question {request_id} can no longer "
             "be answered"
+        )
+    wanted = {str(q.get("id")) for q in asked.questions if isinstance(q, dict)}
+    if set(answers) != wanted:
+        raise InvalidRequestError(
+            f"invalid request: answers must answer the questions {', '.join(sorted(wanted))} "
+            f"and no others, not {', '.join(sorted(str(k) for k in answers))}"
         )
     if not questions.answer(conn, run_id, request_id, answers=answers, actor=actor):
         return "already_decided"
@@ -125,6 +162,18 @@ def record_answers(
         result={"answers": answers, "actor": actor},
     )
     return "recorded"
+
+
+def _check_answers(answers: Any, actor: str) -> None:
+    if not isinstance(answers, dict):
+        raise DecisionRefusedError("answers must be an object of question id to answer")
+    if contains_nul([answers, actor]):
+        raise DecisionRefusedError("answers must not contain NUL characters")
+    if any(len(str(k)) > MAX_QUESTION_ID or len(str(v)) > MAX_ANSWER for k, v in answers.items()):
+        raise DecisionRefusedError(
+            f"an answer may be at most {MAX_ANSWER} characters long, a question id "
+            f"{MAX_QUESTION_ID}"
+        )
 
 
 def decision_from_call(call: Any) -> Decision | None:

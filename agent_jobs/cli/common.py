@@ -21,7 +21,7 @@ from rich.text import Text
 from ..app import AgentApp
 from ..client import Client
 from ..dispatch import CeleryDispatcher, celery_client
-from ..errors import AgentJobsError, DecisionRefusedError, InvalidRequestError, UnknownRunError
+from ..errors import AgentJobsError, InvalidRequestError, UnknownRunError
 from ..loading import load_app
 from ..logs import known_secrets
 from ..settings import Settings, get_settings
@@ -73,12 +73,8 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
-        except UnknownRunError as exc:
-            fail(str(exc), EXIT_NOT_FOUND)
-        except (InvalidRequestError, DecisionRefusedError) as exc:
-            fail(str(exc), EXIT_USAGE)
         except AgentJobsError as exc:
-            fail(str(exc), EXIT_USAGE)
+            fail(str(exc), exit_code_of(exc))
         except DATABASE_ERRORS as exc:
             fail(unreachable(exc), EXIT_UNAVAILABLE)
         except REDIS_ERRORS as exc:
@@ -89,6 +85,16 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             fail(bad_settings(exc), EXIT_USAGE)
 
     return wrapper
+
+
+# The exit code of each of the library's errors, the first that matches: an unknown run
+# is 3; every other refusal (bad input, a forbidden or conflicting request) is 2. The
+# commands check nothing the domain checks: its typed refusals are mapped here alone.
+EXIT_CODES: tuple[tuple[type[AgentJobsError], int], ...] = ((UnknownRunError, EXIT_NOT_FOUND),)
+
+
+def exit_code_of(exc: AgentJobsError) -> int:
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), EXIT_USAGE)
 
 
 def bad_settings(exc: pydantic.ValidationError) -> str:

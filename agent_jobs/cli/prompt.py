@@ -15,6 +15,8 @@ import click
 from rich.text import Text
 
 from ..app import AgentApp
+from ..approvals.record import decider_roles
+from ..approvals.record import may_decide as decides
 from .common import err, out
 from .text import json_text, visible
 from .waiting import StoredCall, StoredQuestion
@@ -109,13 +111,7 @@ class Deciders:
 
 def deciders(app: AgentApp, call: StoredCall) -> Deciders:
     """Who may decide `call` now, as a decision on it is judged."""
-    if call.escalated_to is not None:
-        roles: tuple[str, ...] | None = tuple(sorted(call.escalated_to))
-    elif call.tool in app.registry:
-        approvers = app.registry.get(call.tool).approvers
-        roles = tuple(sorted(approvers)) if approvers is not None else None
-    else:
-        roles = None
+    roles = decider_roles(app, call.tool, call.escalated_to)
     if roles is None:
         return Deciders(None, None)
     holders = app.roles.holders(roles)
@@ -123,8 +119,7 @@ def deciders(app: AgentApp, call: StoredCall) -> Deciders:
 
 
 def may_decide(app: AgentApp, call: StoredCall, actor: str) -> bool:
-    found = deciders(app, call)
-    return found.roles is None or bool(set(found.roles) & app.roles.roles_of(actor))
+    return decides(app, actor, call.tool, call.escalated_to)
 
 
 def decide_commands(

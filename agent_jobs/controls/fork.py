@@ -25,7 +25,7 @@ kept. Refused (`InvalidRequestError`): a step not
 in the journal, a step inside a fan-out (the order of a fan-out's rows says how far each
 member got, not the fan-out's shape), a retry row, a `usage:` step; (`ControlRefusedError`)
 a step before the fork point that has not finished, a journal that was pruned;
-(`DecisionRefusedError`) decisions to keep that the one who forks may not make.
+(`NotAnApproverError`) decisions to keep that the one who forks may not make.
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ from sqlalchemy import Connection
 from .. import checkpoints as names
 from .. import session
 from ..app import AgentApp
+from ..approvals.record import decider_roles, escalated_to, may_decide
 from ..checkpoints import CallVerdict, Decision, Prepared
 from ..errors import (
     ControlRefusedError,
-    DecisionRefusedError,
     InvalidRequestError,
+    NotAnApproverError,
     UnknownRunError,
 )
 from ..messages import Message
@@ -295,22 +296,20 @@ def kept_decisions(
     app: AgentApp, source_id: str, actor: str, calls: Mapping[str, Any]
 ) -> dict[str, Decision]:
     """The decisions `actor` keeps, as their own, by call id: each one they may make, as
-    a decision on the call is judged (`approvals/record.py`); else `DecisionRefusedError`
+    a decision on the call is judged (`approvals/record.py`); else `NotAnApproverError`
     naming the first they may not."""
     kept: dict[str, Decision] = {}
     for call_id, call in calls.items():
         if call.decision is None:  # decided by no one (a deadline's verdict has its own)
             continue
-        if call.name in app.registry:
-            escalated = call.approvers if call.escalated else None
-            tool = app.registry.get(call.name)
-            if not app.roles.may_approve(tool, actor, escalated):
-                roles = ", ".join(sorted(escalated or tool.approvers or ()))
-                raise DecisionRefusedError(
-                    f"actor {actor!r} may not decide call {call_id} ({call.name}) of run "
-                    f"{source_id}, so cannot keep its decision: it needs one of the roles "
-                    f"{roles}. Fork without keeping decisions and it is asked again"
-                )
+        escalated = escalated_to(call)
+        if not may_decide(app, actor, call.name, escalated):
+            roles = ", ".join(decider_roles(app, call.name, escalated) or ())
+            raise NotAnApproverError(
+                f"actor {actor!r} may not decide call {call_id} ({call.name}) of run "
+                f"{source_id}, so cannot keep its decision: it needs one of the roles "
+                f"{roles}. Fork without keeping decisions and it is asked again"
+            )
         reason = f"kept when forking run {source_id} (decided there by {call.decided_by})"
         kept[call_id] = Decision(decision=call.decision, actor=actor, reason=reason)
     return kept

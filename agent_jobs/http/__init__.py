@@ -4,10 +4,10 @@
 connected or read at import), so `uvicorn agent_jobs.http:app` serves what
 `agent-jobs serve` does. `create_app(door, settings)` builds one around another door.
 
-- `factory`: `create_app`; `door`: the durable runner's door (the inline one is the command
-  line's, `agent_jobs/cli/serve.py`); `auth`, `access`: tokens, actors and who may do
-  what; `runs`, `decisions`, `service`, `page`: the routes; `sse`: event streams;
-  `errors`: the error shape; `middleware`: headers and body size.
+- `factory`: `create_app`; `door`: what the server serves (a deployment's commands and
+  its streams; `agent_jobs/serving.py` joins it to a runner); `auth`, `access`: tokens,
+  actors and who may do what; `runs`, `decisions`, `service`, `page`: the routes; `sse`:
+  event streams; `errors`: the error shape; `middleware`: headers and body size.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ API_EXTRA = "the HTTP API needs the api extra: pip install 'agent-jobs[api]'"
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        # Built by the command line's module: the inline runner is reached from there.
-        from ..cli.serve import default_app
+        # Assembled above this package, where a runner may be reached.
+        from ..serving import default_app
 
         return default_app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

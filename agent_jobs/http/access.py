@@ -18,29 +18,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..app import AgentApp
-from ..errors import UnknownRunError
+from ..approvals.record import may_decide as decides
+from ..errors import NotYoursError, UnknownRunError
 from ..store import RunView
 from .auth import Caller
 from .door import Door
-from .errors import PermissionDeniedError
 
 
 def may_decide(app: AgentApp, caller: Caller, call: Mapping[str, Any]) -> bool:
     """Whether the caller's decision on `call` (its record) counts, as `record_decision`
-    judges it: the tool's approvers, or the roles an escalated call went to; a tool the
-    app no longer defines names no approvers."""
-    if call["name"] not in app.registry:
-        return True
+    judges it (`approvals.record.decider_roles`)."""
     escalated = call["approvers"] if call.get("escalated") else None
-    return app.roles.may_approve(app.registry.get(call["name"]), caller.actor, escalated)
-
-
-def approvers_of(app: AgentApp, call: Mapping[str, Any]) -> list[str]:
-    """The roles that may decide `call` now."""
-    if call.get("escalated"):
-        return sorted(call["approvers"] or ())
-    tool = app.registry.get(call["name"]) if call["name"] in app.registry else None
-    return sorted(tool.approvers or ()) if tool is not None else []
+    return decides(app, caller.actor, call["name"], escalated)
 
 
 def owns(caller: Caller, run: RunView) -> bool:
@@ -73,7 +62,7 @@ def owned_run(door: Door, caller: Caller, run_id: str, doing: str) -> RunView:
     """The run, when the caller may act on it as its actor would (steer, cancel, answer)."""
     run = readable_run(door, caller, run_id)
     if not owns(caller, run):
-        raise PermissionDeniedError(
+        raise NotYoursError(
             f"only run {run_id}'s actor ({run.actor}) or a 'service' actor may {doing}"
         )
     return run

@@ -10,17 +10,15 @@ cannot be forked at, 422. A refusal changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ControlRefusedError, DecisionRefusedError
+from ..commands import Commands
 from .access import owned_run
 from .auth import CallerDep
-from .errors import ERROR_RESPONSES, ConflictError, ErrorBody, PermissionDeniedError
+from .errors import ERROR_RESPONSES, ErrorBody
 from .state import server
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=ERROR_RESPONSES)
@@ -70,43 +68,33 @@ class Forked(BaseModel):
     kept_decisions: list[RunsAgain]  # decisions kept as the caller's own
 
 
-@contextmanager
-def _as_conflict() -> Iterator[None]:
-    try:
-        yield
-    except ControlRefusedError as exc:
-        raise ConflictError(str(exc)) from None
-
-
-def _controlled(request: Request, caller: Any, run_id: str, doing: str) -> tuple[Any, str]:
+def _controlled(request: Request, caller: Any, run_id: str, doing: str) -> Commands:
     door = server(request).door
-    return door, owned_run(door, caller, run_id, doing).run_id
+    owned_run(door, caller, run_id, doing)
+    return door.commands
 
 
 @router.post("/{run_id}/pause", status_code=202, response_model=Pausing, responses=REFUSALS)
 def pause(run_id: str, request: Request, caller: CallerDep) -> Pausing:
     """Pause the run (and its delegated runs) at its next step boundary: `paused`, it
     holds no worker until it is resumed."""
-    door, run_id = _controlled(request, caller, run_id, "pause it")
-    with _as_conflict():
-        return Pausing(pausing=door.pause(run_id, actor=caller.actor))
+    commands = _controlled(request, caller, run_id, "pause it")
+    return Pausing(pausing=commands.pause(run_id, actor=caller.actor))
 
 
 @router.post("/{run_id}/resume", status_code=202, response_model=Resuming, responses=REFUSALS)
 def resume(run_id: str, request: Request, caller: CallerDep) -> Resuming:
     """Let a paused run go on from where it stopped."""
-    door, run_id = _controlled(request, caller, run_id, "resume it")
-    with _as_conflict():
-        return Resuming(resuming=door.resume(run_id, actor=caller.actor))
+    commands = _controlled(request, caller, run_id, "resume it")
+    return Resuming(resuming=commands.resume(run_id, actor=caller.actor))
 
 
 @router.post("/{run_id}/retry", status_code=202, response_model=Retrying, responses=REFUSALS)
 def retry(run_id: str, request: Request, caller: CallerDep) -> Retrying:
     """Run the failed step of a run that failed on it (a dead letter, a step's error)
     again, with a fresh attempt count; the run's error is cleared and it goes on."""
-    door, run_id = _controlled(request, caller, run_id, "retry it")
-    with _as_conflict():
-        retried = door.retry(run_id, actor=caller.actor)
+    commands = _controlled(request, caller, run_id, "retry it")
+    retried = commands.retry(run_id, actor=caller.actor)
     return Retrying(run_id=retried.run_id, retrying=retried.steps)
 
 
@@ -117,12 +105,6 @@ def fork(run_id: str, body: ForkBody, request: Request, caller: CallerDep) -> Fo
     `asked_again` the `action` calls a person is asked about again (a fork inherits no
     decision), `kept_decisions` those kept as the caller's own (`keep_decisions`: 403
     when the caller may not make one of them)."""
-    door, run_id = _controlled(request, caller, run_id, "fork it")
-    with _as_conflict():
-        try:
-            made = door.fork(
-                run_id, body.at, actor=caller.actor, keep_decisions=body.keep_decisions
-            )
-        except DecisionRefusedError as exc:
-            raise PermissionDeniedError(str(exc)) from None
+    commands = _controlled(request, caller, run_id, "fork it")
+    made = commands.fork(run_id, body.at, actor=caller.actor, keep_decisions=body.keep_decisions)
     return Forked.model_validate(made.as_json())

@@ -1,10 +1,9 @@
 """People's part: what waits for the caller, deciding calls, answering questions.
 
-A decision through the API goes through the checks a signed message on the approvals
-channel goes through (`record_decision`: the approver's roles, `args_sha256`, the first
-decision wins), recorded as the token's actor; then the run is released. The checks
-below come first only to answer with the right status; the recording checks again,
-under the run's lock.
+A decision through the API is the command every door calls (`agent_jobs.commands`:
+`record_decision`'s checks — the approver's roles, `args_sha256`, the first decision wins
+— under the run's lock), recorded as the token's actor; then the run is released. What it
+refuses is answered by its type (http/errors.py).
 """
 
 from __future__ import annotations
@@ -20,10 +19,8 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from ..errors import DecisionRefusedError, InvalidRequestError, UnknownCallError
-from ..messages import args_sha256
 from . import sse
-from .access import approvers_of, may_decide, owned_run, readable_run
+from .access import owned_run, readable_run
 from .auth import Caller, CallerDep
 from .bodies import AnswersBody, DecisionBody, Recorded
 from .errors import (
@@ -31,8 +28,6 @@ from .errors import (
     ERROR_RESPONSES,
     ConflictError,
     ErrorBody,
-    NotFoundError,
-    PermissionDeniedError,
 )
 from .inbox import inbox
 from .state import Release, ServerState, server
@@ -104,46 +99,21 @@ def decide(
 ) -> Recorded:
     """Approve or reject a pending action call, as the token's actor."""
     door = server(request).door
-    run = readable_run(door, caller, run_id)
-    call = door.store.tool_call(run_id, call_id)
-    if call is None:
-        raise UnknownCallError(run_id, call_id)
-    tool = str(call["name"])
-    if not may_decide(door.app, caller, call):
-        approvers = ", ".join(approvers_of(door.app, call))
-        raise PermissionDeniedError(
-            f"actor {caller.actor!r} may not decide on {tool}: it needs one of the roles "
-            f"{approvers}"
-        )
-    if call["decision"] is not None:
+    readable_run(door, caller, run_id)
+    recorded = door.commands.decide(
+        run_id,
+        call_id,
+        body.decision,
+        actor=caller.actor,
+        reason=body.reason,
+        args_sha256=body.args_sha256,
+    )
+    if not recorded:  # say by whom, as the inbox shows it
+        call = door.store.tool_call(run_id, call_id) or {}
         raise ConflictError(
-            f"call {call_id} of run {run_id} was already decided: {call['decision']} by "
-            f"{call['decided_by']}"
+            f"call {call_id} of run {run_id} was already decided: {call.get('decision')} by "
+            f"{call.get('decided_by')}"
         )
-    if run.finished:
-        raise ConflictError(
-            f"run {run_id} has ended ({run.status}): call {call_id} can no longer be decided"
-        )
-    if call["status"] != "pending_approval":
-        raise ConflictError(f"call {call_id} of run {run_id} is not waiting for a decision")
-    if body.args_sha256 is not None and body.args_sha256 != args_sha256(call["args"]):
-        raise ConflictError(
-            f"args_sha256 does not match the arguments of call {call_id}: the decision "
-            "was made on other arguments"
-        )
-    try:
-        recorded = door.decide(
-            run_id,
-            call_id,
-            body.decision,
-            actor=caller.actor,
-            reason=body.reason,
-            args_sha256=body.args_sha256,
-        )
-    except DecisionRefusedError as exc:  # the state moved on since the checks above
-        raise ConflictError(str(exc)) from None
-    if not recorded:
-        raise ConflictError(f"call {call_id} of run {run_id} was already decided")
     return Recorded(recorded=True)
 
 
@@ -153,27 +123,7 @@ def answer(
 ) -> Recorded:
     """Answer a tool's questions, as the token's actor (the run's actor or a service)."""
     door = server(request).door
-    run = owned_run(door, caller, run_id, "answer its questions")
-    asked = door.store.question(run_id, request_id)
-    if asked is None:
-        raise NotFoundError(f"run {run_id} asked no question {request_id!r}")
-    if asked["answers"] is not None:
-        raise ConflictError(f"question {request_id} of run {run_id} was already answered")
-    if run.finished:
-        raise ConflictError(
-            f"run {run_id} has ended ({run.status}): question {request_id} can no longer "
-            "be answered"
-        )
-    wanted = {str(q.get("id")) for q in asked["questions"] if isinstance(q, dict)}
-    if set(body.answers) != wanted:
-        raise InvalidRequestError(
-            f"invalid request: answers must answer the questions {', '.join(sorted(wanted))} "
-            f"and no others, not {', '.join(sorted(body.answers))}"
-        )
-    try:
-        recorded = door.answer(run_id, request_id, dict(body.answers), actor=caller.actor)
-    except DecisionRefusedError as exc:
-        raise ConflictError(str(exc)) from None
-    if not recorded:
+    owned_run(door, caller, run_id, "answer its questions")
+    if not door.commands.answer(run_id, request_id, dict(body.answers), actor=caller.actor):
         raise ConflictError(f"question {request_id} of run {run_id} was already answered")
     return Recorded(recorded=True)

@@ -22,10 +22,13 @@ from ..errors import (
     AgentJobsError,
     ApprovalError,
     ConfigurationError,
+    Conflict,
+    Forbidden,
     InvalidRequestError,
     TooManyRunsError,
     UnknownAgentError,
     UnknownCallError,
+    UnknownQuestionError,
     UnknownRunError,
     UnknownThreadError,
 )
@@ -80,16 +83,21 @@ class ErrorBody(BaseModel):
     type: str
 
 
-# Statuses of the library's own errors, the most specific class first.
-LIBRARY_STATUS: tuple[tuple[type[AgentJobsError], int], ...] = (
-    (UnknownRunError, 404),
-    (UnknownThreadError, 404),
-    (UnknownCallError, 404),
-    (UnknownAgentError, 422),
-    (InvalidRequestError, 422),
-    (TooManyRunsError, 429),
-    (ApprovalError, 409),
-    (ConfigurationError, 500),
+# How the library's own errors are answered, the first that matches: the status and, for
+# a refusal, the type the API names it by (docs/doors.md, "Errors"); else its own name.
+# The routes check nothing the domain checks: its typed refusals are mapped here alone.
+LIBRARY_ANSWERS: tuple[tuple[type, int, str | None], ...] = (
+    (Forbidden, 403, "PermissionDeniedError"),
+    (UnknownRunError, 404, None),
+    (UnknownThreadError, 404, None),
+    (UnknownCallError, 404, None),
+    (UnknownQuestionError, 404, "NotFoundError"),
+    (UnknownAgentError, 422, None),
+    (InvalidRequestError, 422, None),
+    (TooManyRunsError, 429, None),
+    (Conflict, 409, "ConflictError"),
+    (ApprovalError, 409, "ConflictError"),
+    (ConfigurationError, 500, None),
 )
 DATABASE_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -107,19 +115,20 @@ def error_response(
     return JSONResponse({"error": message, "type": type_}, status_code=status, headers=headers)
 
 
-def status_of(exc: AgentJobsError) -> int:
+def answer_of(exc: AgentJobsError) -> tuple[int, str]:
+    """The status `exc` is answered with, and the type it is named by."""
     if isinstance(exc, ApiError):
-        return exc.status
-    for kind, status in LIBRARY_STATUS:
+        return exc.status, type(exc).__name__
+    for kind, status, named in LIBRARY_ANSWERS:
         if isinstance(exc, kind):
-            return status
-    return 400
+            return status, named or type(exc).__name__
+    return 400, type(exc).__name__
 
 
 def answer_error(exc: AgentJobsError) -> JSONResponse:
-    status = status_of(exc)
+    status, named = answer_of(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return error_response(status, str(exc), type(exc).__name__, headers)
+    return error_response(status, str(exc), named, headers)
 
 
 def validation_message(exc: RequestValidationError) -> str:

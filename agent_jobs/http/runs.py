@@ -97,7 +97,7 @@ def start_run(body: RunRequest, request: Request, caller: CallerDep) -> JSONResp
         _may_interrupt(door, caller, body.thread_id)
     try:
         with tracing.extracted(request.headers):  # the caller's trace goes on with the run
-            run_id, created = door.admit(body)
+            run_id, created = door.commands.admit(body)
     except ThreadBusyError as exc:
         busy = door.store.find_run(exc.busy_run_id)
         if busy is not None and may_read(door, caller, busy):
@@ -148,7 +148,7 @@ def post_message(run_id: str, body: MessageBody, request: Request, caller: Calle
     """Steer the run at its next step (`next-step`), or queue its thread's next turn."""
     door = server(request).door
     run = owned_run(door, caller, run_id, "post to it")
-    return Queued(thread_id=door.post_message(run.run_id, body.text, target=body.when))
+    return Queued(thread_id=door.commands.post_message(run.run_id, body.text, target=body.when))
 
 
 @router.post("/{run_id}/cancel", status_code=202, response_model=Cancelling, responses=NOT_FOUND)
@@ -159,7 +159,7 @@ def cancel(
     door = server(request).door
     run = owned_run(door, caller, run_id, "cancel it")
     keep = body.keep_inbox if body is not None else False
-    return Cancelling(cancelling=door.cancel(run.run_id, keep_inbox=keep))
+    return Cancelling(cancelling=door.commands.cancel(run.run_id, keep_inbox=keep))
 
 
 @router.get(

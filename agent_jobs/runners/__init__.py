@@ -5,7 +5,7 @@ Code outside `agent_jobs/runners/` imports a runner from here (and `tasks/` the 
 wing's face, `agent_jobs.runners.durable`), never a module inside a wing.
 """
 
-from .durable import DurableHooks, DurableRunner
+from .durable import DurableHooks, DurableRunner, DurableWake
 from .inline import InlineRunner, end_abandoned
 
-__all__ = ["DurableHooks", "DurableRunner", "InlineRunner", "end_abandoned"]
+__all__ = ["DurableHooks", "DurableRunner", "DurableWake", "InlineRunner", "end_abandoned"]

@@ -77,7 +77,7 @@ def test_a_call_awaiting_reconciliation_through_the_doors(cluster: Cluster, tmp_
 
     assert_error(post("eve", {"outcome": "retry"}), 404, "UnknownRunError")
     said = assert_error(post("user-7", {"outcome": "retry"}), 403, "PermissionDeniedError")
-    assert "may not say how pay ended" in said
+    assert "may not say how call call_1 (pay) ended" in said
     assert_error(post("alice", {"outcome": "retry"}, path.replace("call_1", "call_9")), 404)
     assert_error(post("alice", {"outcome": "retry"}, "/v1/runs/nope/reconcile/call_1"), 404)
     for body in (

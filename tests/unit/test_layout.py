@@ -1,10 +1,14 @@
 """The package's layout rules, read from the source: module size and the import floors.
 
 - No module of `agent_jobs/` or `tasks/` is over 500 lines.
-- The runners sit on top: no module of `agent_jobs/` outside `agent_jobs/runners/`,
-  `agent_jobs/cli/` and `agent_jobs/__init__.py` imports `agent_jobs.runners`.
+- The runners sit on top, below the doors that start them: no module of `agent_jobs/`
+  outside `agent_jobs/runners/`, `agent_jobs/cli/`, `agent_jobs/client.py` (the durable
+  runner's wake), `agent_jobs/serving.py` and `agent_jobs/__init__.py` imports
+  `agent_jobs.runners`.
 - `tasks/` (the Celery adapters) sits above everything: no module of `agent_jobs/`
   imports `tasks`.
+- `agent_jobs/http/` is a door: it imports neither `agent_jobs.cli` nor the runners
+  (`agent_jobs/serving.py` joins it to one).
 - Each runner is a wing (`agent_jobs/runners/durable/`, `agent_jobs/runners/inline/`)
   whose modules are private: outside `agent_jobs/runners/`, code imports `agent_jobs.runners`
   (and `tasks/` the durable wing's face, `agent_jobs.runners.durable`), never a module
@@ -135,13 +139,14 @@ def test_no_module_is_over_500_lines() -> None:
     assert not over, "over 500 lines: " + ", ".join(f"{k} ({v})" for k, v in sorted(over.items()))
 
 
-def test_only_the_runners_the_cli_and_the_package_root_import_the_runners() -> None:
+def test_only_the_doors_above_the_runners_import_them() -> None:
     allowed = ("agent_jobs.runners", "agent_jobs.cli")
+    doors = ("agent_jobs", "agent_jobs.client", "agent_jobs.serving")
     offenders = [
         found
         for found in package_imports()
         if within(found.target, "agent_jobs.runners")
-        and found.module != "agent_jobs"
+        and found.module not in doors
         and not any(within(found.module, top) for top in allowed)
     ]
     assert not offenders, "imports agent_jobs.runners from below it:\n" + "\n".join(
@@ -178,6 +183,18 @@ def test_nothing_outside_a_wing_reaches_inside_it() -> None:
                 continue  # the wing's face
             offenders.append(found)
     assert not offenders, "reaches inside a runner's wing:\n" + "\n".join(
+        sorted({str(o) for o in offenders})
+    )
+
+
+def test_the_http_door_imports_neither_the_cli_nor_the_runners() -> None:
+    offenders = [
+        found
+        for found in package_imports()
+        if within(found.module, "agent_jobs.http")
+        and (within(found.target, "agent_jobs.cli") or within(found.target, "agent_jobs.runners"))
+    ]
+    assert not offenders, "the HTTP door imports past its layer:\n" + "\n".join(
         sorted({str(o) for o in offenders})
     )
 

@@ -12,11 +12,13 @@ from .replay import DurableHooks
 from .runner import DurableRunner
 from .running import RUNNING, Running
 from .step_tasks import StepOutcome, summary, where
+from .wake import DurableWake
 
 __all__ = [
     "RUNNING",
     "DurableHooks",
     "DurableRunner",
+    "DurableWake",
     "Liveness",
     "Running",
     "StepOutcome",

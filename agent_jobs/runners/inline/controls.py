@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import checkpoints as names
 from ... import controls
 from ...app import AgentApp
 from ...controls.pause import RESUMED_BY
 from ...executor import StepEnv
-from ...notify.sender import start_sender
 from ...settings import Settings
 from ...store import RunView, Store
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...streams.base import MemoryStreams, RunStream
+
+if TYPE_CHECKING:
+    from ...commands import Commands
 
 
 class Replay:
@@ -62,7 +64,7 @@ class InlineControls:
     streams: MemoryStreams
     poll_interval: float
     _check_cancel: Callable[[str], RunView | None]  # InlineRunner's
-    _drive: Callable[[str], None]
+    commands: Commands
 
     def _init_controls(self) -> None:
         self._unpause_lock = threading.Lock()
@@ -71,24 +73,16 @@ class InlineControls:
     def pause(self, run_id: str, *, actor: str) -> list[str]:
         """Ask the run (and its delegated runs) to pause at its next step boundary;
         returns the ids asked (`ControlRefusedError` for a run that cannot pause)."""
-        with self.store.begin() as conn:
-            return controls.pause(conn, run_id, actor)
+        return self.commands.pause(run_id, actor=actor)
 
     def resume(self, run_id: str, *, actor: str) -> list[str]:
         """Let the paused run (and its delegated runs) go on; returns the ids resumed."""
-        with self.store.begin() as conn:
-            resumed = controls.resume(conn, run_id, actor)
-        for target in resumed:
-            self._unpause_flag(target).set()
-        return resumed
+        return self.commands.resume(run_id, actor=actor)
 
     def retry(self, run_id: str, *, actor: str) -> controls.Retried:
         """Run a run of this runner that failed on a step again, in this process, from its
         failed step on."""
-        with self.store.begin() as conn:
-            retried = controls.retry(conn, run_id, actor, runner="inline")
-        self._drive(run_id)
-        return retried
+        return self.commands.retry(run_id, actor=actor)
 
     def fork(
         self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False
@@ -96,20 +90,11 @@ class InlineControls:
         """Fork any run at step `at` into a new run on a new thread, driven in this
         process (`agent_jobs.controls.fork` says what it copies, asks again and
         refuses)."""
-        start_sender(self.store, self.settings)
-        with self.store.begin() as conn:
-            forked = controls.fork(
-                conn,
-                self.app,
-                run_id,
-                at,
-                actor,
-                runner="inline",
-                status="running",
-                keep_decisions=keep_decisions,
-            )
-        self._drive(forked.run_id)
-        return forked
+        return self.commands.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
+
+    def _unpause(self, run_id: str) -> None:
+        """The run was resumed: its wait at the step boundary ends now."""
+        self._unpause_flag(run_id).set()
 
     # --- the step boundary -------------------------------------------------------------
 

@@ -25,8 +25,8 @@ from ... import checkpoints as names
 from ... import diagnostics, observe, session
 from ...admission import IfBusy
 from ...app import AgentApp
-from ...approvals.record import record_answers, record_decision
-from ...checkpoints import Decision, DelegationOutcome
+from ...checkpoints import DelegationOutcome
+from ...commands import Commands
 from ...errors import AgentJobsError, Cancelled, ModelError
 from ...executor import StepEnv, execute_local, execute_remote
 from ...hooks import (
@@ -38,11 +38,11 @@ from ...hooks import (
     settle,
 )
 from ...loop import run_agent_loop
-from ...notify.sender import start_sender
 from ...notify.webhook import check as check_webhook
 from ...processes import this_process
 from ...ratelimits.gate import ModelGate
-from ...runs import RunRequest, admit, post_message
+from ...reconciliation import Reconciliation
+from ...runs import RunRequest
 from ...settings import Settings, get_settings
 from ...steps import ModelTurn, dump
 from ...store import RunView, Store
@@ -66,6 +66,7 @@ from . import abandoned
 from .controls import InlineControls, Replay
 from .human_waits import HumanWaits
 from .queue import QueuedTurns
+from .wake import InlineWake
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -238,7 +239,10 @@ class InlineRunner(QueuedTurns, InlineControls):
         settings: Settings | None = None,
         streams: MemoryStreams | None = None,
         poll_interval: float = 0.5,
+        runs_per_actor: int | None = None,
     ) -> None:
+        """`runs_per_actor`: how many runs one actor may have going here at once (a
+        server's limit: each holds a thread until it ends); None, no limit."""
         self.app = app
         self.store = store
         self.settings = settings or get_settings()
@@ -252,6 +256,8 @@ class InlineRunner(QueuedTurns, InlineControls):
         self._cancelled: dict[str, threading.Event] = {}
         self._init_queue()
         self._init_controls()
+        self.wake = InlineWake(self, runs_per_actor)
+        self.commands = Commands(store, app, self.wake)
         diagnostics.set_enabled(self.settings.diagnostics)
         check_webhook(self.settings)  # a webhook without a secret: refused before a run
 
@@ -283,15 +289,7 @@ class InlineRunner(QueuedTurns, InlineControls):
             metadata=metadata,
             if_busy=if_busy,
         )
-        # This process delivers its runs' notifications (with Redis or a webhook set).
-        start_sender(self.store, self.settings)
-        if request.thread_id is not None:  # a turn left by a process that is gone: ended
-            self._abandoned(thread_id=request.thread_id)
-        made = admit(self.store, self.app, request, runner="inline", status="running")
-        self._stopping(made.interrupted)
-        if made.created:
-            self._drive(made.run_id)
-        return made.run_id
+        return self.commands.admit(request)[0]
 
     def run(
         self, agent: str, input: str, *, timeout: float | None = None, **kwargs: Any
@@ -325,53 +323,41 @@ class InlineRunner(QueuedTurns, InlineControls):
         args_sha256: str | None = None,
     ) -> bool:
         """Record a decision and release the waiting turn; False if one was already made."""
-        verdict = Decision(decision=decision, actor=actor, reason=reason)
-        with self.store.begin() as conn:
-            outcome = record_decision(
-                conn, self.app, run_id, call_id, verdict, expected_args_sha256=args_sha256
-            )
-        if outcome != "recorded":
-            return False
-        with self._lock:
-            future = self._futures.get((run_id, call_id))
-        if future is not None and not future.done():
-            future.set_result(verdict)
-        return True
+        return self.commands.decide(
+            run_id, call_id, decision, actor=actor, reason=reason, args_sha256=args_sha256
+        )
 
     def answer(self, run_id: str, request_id: str, answers: dict[str, Any], *, actor: str) -> bool:
         """Record a person's answers and release the waiting turn; False if answered."""
-        with self.store.begin() as conn:
-            outcome = record_answers(conn, run_id, request_id, answers, actor=actor)
-        if outcome != "recorded":
-            return False
-        with self._lock:
-            future = self._futures.get((run_id, request_id))
-        if future is not None and not future.done():
-            future.set_result(answers)
-        return True
+        return self.commands.answer(run_id, request_id, answers, actor=actor)
+
+    def reconcile(self, run_id: str, call_id: str, decision: Reconciliation) -> bool:
+        """Record how a call whose outcome is unknown ended. An inline run dies with its
+        process and never waits on one: this refuses, unless the call is a durable run's
+        (which the sweep then wakes)."""
+        return self.commands.reconcile(run_id, call_id, decision)
 
     def post_message(self, run_or_thread: str, text: str, *, target: str = "next-step") -> str:
         """Queue a message on the thread's inbox; returns the thread id.
 
         A `next-turn` message to an idle thread starts its turn at once.
         """
-        with self.store.begin() as conn:
-            thread_id, next_run = post_message(
-                conn, self.app, run_or_thread, text, target=target, runner="inline"
-            )
-        if next_run is not None:
-            self._drive(next_run)
-        return thread_id
+        return self.commands.post_message(run_or_thread, text, target=target)
+
+    def select_model(self, run_or_thread: str, selection: session.ModelSelection) -> str:
+        """Switch a thread's model from its next prompt; returns the thread id."""
+        return self.commands.select_model(run_or_thread, selection)
 
     def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:
         """Ask the run (and its children) to stop at the next boundary."""
-        with self.store.begin() as conn:
-            affected = session.request_cancel(conn, run_id, cause, keep_inbox=keep_inbox)
-        # An inline run whose process is gone has none to see the cancel: it ends here
-        # (one cancelled before too: its cancel was recorded, and nothing saw it).
-        ended = abandoned.end(self.store, self.app, [run_id, *affected], streams=self.streams)
-        self._stopping(affected)
-        return affected + [target for target in ended if target not in affected]
+        return self.commands.cancel(run_id, cause, keep_inbox=keep_inbox)
+
+    def _release(self, run_id: str, key: str, value: Any) -> None:
+        """A decision or answers were recorded: the turn waiting for them goes on."""
+        with self._lock:
+            future = self._futures.get((run_id, key))
+        if future is not None and not future.done():
+            future.set_result(value)
 
     def _abandoned(self, **in_the_way: Any) -> None:
         """End the runs in a run's way whose process is gone (runners/inline/abandoned.py)."""

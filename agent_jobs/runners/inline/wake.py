@@ -1,0 +1,100 @@
+"""The inline runner's wake: what this process does once a command has committed.
+
+A turn this process drives waits on a future (a decision, answers), on an event (a
+pause, a retry's back-off, a queued run's turn), or not at all; a command recorded here
+resolves or sets it at once. One recorded by another process reaches the turn at its
+next look at the database. A run the command starts (a new run, a fork, a thread's next
+turn) is driven here, on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+from ...errors import TooManyRunsError
+from ...notify.sender import start_sender
+from ...reconciliation import Recorded
+from ...runs import RunRequest
+from ...store import runs as run_rows
+from ...store.runs import RunStatus
+from . import abandoned
+
+if TYPE_CHECKING:
+    from .runner import InlineRunner
+
+
+class InlineWake:
+    """Wakes the turns of `runner`. With `runs_per_actor` (a server: each run holds a
+    thread until it ends, one parked on a person too) an actor may have that many going
+    at once."""
+
+    runner: Literal["durable", "inline"] = "inline"
+    new_status: RunStatus = "running"
+
+    def __init__(self, inline: InlineRunner, runs_per_actor: int | None = None) -> None:
+        self.inline = inline
+        self.runs_per_actor = runs_per_actor
+        # A run id is taken by the first request that names it: the check and the start
+        # are one step for the requests of this process.
+        self._admitting = threading.Lock()
+
+    @contextmanager
+    def admission(self, request: RunRequest | None) -> Iterator[None]:
+        inline = self.inline
+        # This process delivers its runs' notifications (with Redis or a webhook set).
+        start_sender(inline.store, inline.settings)
+        if request is not None and request.thread_id is not None:
+            inline._abandoned(thread_id=request.thread_id)  # a turn left by a process that is gone
+        with self._admitting:
+            if request is not None:
+                self._check_room(request)
+            yield
+
+    def _check_room(self, request: RunRequest) -> None:
+        store = self.inline.store
+        if self.runs_per_actor is None:
+            return
+        if request.run_id is not None and store.find_run(request.run_id) is not None:
+            return  # found, not started: it takes no more room
+        with store.connect() as conn:
+            going = run_rows.unfinished_of(conn, request.actor, "inline")
+        if going >= self.runs_per_actor:
+            raise TooManyRunsError(
+                f"actor {request.actor!r} has {going} runs going in this server, the most "
+                "one actor may (AGENT_JOBS_API_INLINE_RUNS_PER_ACTOR): let one end, or "
+                "serve with a broker, whose workers hold no thread for a waiting run"
+            )
+
+    def started(self, run_id: str) -> None:
+        self.inline._drive(run_id)
+
+    def stopping(self, run_ids: Sequence[str]) -> None:
+        self.inline._stopping(run_ids)
+
+    def cancelled(self, run_id: str, affected: list[str]) -> list[str]:
+        self.stopping(affected)
+        # An inline run whose process is gone has none to see the cancel: it ends here
+        # (one cancelled before too: its cancel was recorded, and nothing saw it).
+        inline = self.inline
+        ended = abandoned.end(inline.store, inline.app, [run_id, *affected], streams=inline.streams)
+        return affected + [target for target in ended if target not in affected]
+
+    def decided(self, run_id: str, key: str, value: Any) -> None:
+        self.inline._release(run_id, key, value)
+
+    def paused(self, run_ids: Sequence[str]) -> None:
+        """Nothing to do: the turn pauses at its next step boundary, where it looks."""
+
+    def resumed(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            self.inline._unpause(run_id)
+
+    def retried(self, run_id: str, sends: Sequence[tuple[str, str]]) -> None:
+        self.inline._drive(run_id)  # from its start, its journal read back
+
+    def reconciled(self, run_id: str, recorded: Recorded) -> None:
+        """Nothing to do: an inline run dies with its process and never waits on an
+        unknown outcome; a durable run's call recorded here is re-driven by the sweep."""
