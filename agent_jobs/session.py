@@ -21,6 +21,7 @@ from sqlalchemy import Connection
 from .errors import InvalidRequestError, UnknownRunError
 from .store import events as event_rows
 from .store import runs as run_rows
+from .store.db import contains_nul
 
 Target = Literal["next-step", "next-turn"]
 TARGETS: tuple[str, ...] = ("next-step", "next-turn")
@@ -274,7 +275,16 @@ def request_cancels(
 
 
 def select_model(conn: Connection, thread_id: str, selection: ModelSelection) -> None:
-    """Switch the thread's model for its next steps (captured at prompt assembly)."""
+    """Switch the thread's model for its next steps (captured at prompt assembly). A
+    selection naming neither a model nor a provider, or with a name no model has, is
+    refused (`InvalidRequestError`) and nothing is written."""
+    if selection.model is None and selection.provider is None:
+        raise InvalidRequestError("invalid model selection: name a model, a provider or both")
+    names = [selection.provider, selection.model, selection.reasoning_effort]
+    if contains_nul(names) or any(name is not None and not 0 < len(name) <= 200 for name in names):
+        raise InvalidRequestError(
+            "invalid model selection: each name is 1 to 200 characters, with no NUL"
+        )
     event_rows.append(conn, [(thread_id, None, SELECTED, selection.model_dump())])
 
 

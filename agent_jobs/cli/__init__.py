@@ -14,7 +14,7 @@ from .prune import prune
 from .reconcile import reconcile
 from .run import run
 from .serve import serve
-from .session import answer, cancel, events, say
+from .session import answer, cancel, events, model, say
 from .tail import tail
 
 
@@ -39,6 +39,7 @@ for command in (
     journal,
     events,
     say,
+    model,
     cancel,
     pause,
     resume,

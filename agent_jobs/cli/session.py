@@ -1,4 +1,5 @@
-"""`agent-jobs events`, `say`, `cancel`, `answer`: the session runtime from the terminal."""
+"""`agent-jobs events`, `say`, `model`, `cancel`, `answer`: the session runtime from the
+terminal."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import click
 
 from ..client import Client
 from ..runners import end_abandoned
-from ..session import CANCEL_CAUSES, TARGETS, Event, fold_inbox, fold_status
+from ..session import CANCEL_CAUSES, TARGETS, Event, ModelSelection, fold_inbox, fold_status
 from .common import EXIT_ALREADY_DECIDED, fail, handle_errors, out, print_json, settings, store
 from .text import stamp, visible
 
@@ -73,6 +74,33 @@ def say(run_or_thread: str, text: str, target: str) -> None:
     """Post a message to a thread's inbox."""
     thread_id = _client().post_message(run_or_thread, text, target=target)
     out.print(visible(f"queued for the {target.replace('-', ' ')} of thread {thread_id}"))
+
+
+@click.command()
+@click.argument("run_or_thread")
+@click.option("--model", "model_id", help="The provider's model id, e.g. gpt-4.1.")
+@click.option("--provider", help="The provider, e.g. openai or anthropic.")
+@click.option(
+    "--reasoning-effort", help="The reasoning effort; left out, it clears the thread's own."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@handle_errors
+def model(
+    run_or_thread: str,
+    model_id: str | None,
+    provider: str | None,
+    reasoning_effort: str | None,
+    as_json: bool,
+) -> None:
+    """Switch a thread's model (give a run id or a thread id) from its next step that
+    assembles a prompt; a step already sent keeps the model it was sent with."""
+    selection = ModelSelection(provider=provider, model=model_id, reasoning_effort=reasoning_effort)
+    thread_id = _client().commands.select_model(run_or_thread, selection)
+    if as_json:
+        print_json({"thread_id": thread_id, **selection.model_dump()})
+        return
+    named = ":".join(part for part in (provider, model_id) if part)
+    out.print(visible(f"thread {thread_id} uses {named} from its next step"))
 
 
 @click.command()

@@ -37,6 +37,16 @@ class MessageBody(_Strict):
     when: Literal["next-step", "next-turn"] = "next-step"
 
 
+class ModelBody(_Strict):
+    """The thread's model from its next step that assembles a prompt: `provider` (for
+    example `anthropic`), `model` (the provider's model id) or both; `reasoning_effort`,
+    when left out, clears the one the thread had."""
+
+    provider: str | None = Field(default=None, min_length=1, max_length=200)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    reasoning_effort: str | None = Field(default=None, min_length=1, max_length=200)
+
+
 class CancelBody(_Strict):
     keep_inbox: bool = False
 

@@ -22,13 +22,14 @@ from ..errors import (
     UnknownThreadError,
 )
 from ..runs import RunRequest
+from ..session import ModelSelection
 from ..store import RunView, places
 from ..streams.base import Frame, frame_json
 from ..streams.follow import live_frames
 from . import sse
 from .access import may_read, owned_run, readable_run
 from .auth import Caller, CallerDep
-from .bodies import CancelBody, Cancelling, MessageBody, Queued, Started
+from .bodies import CancelBody, Cancelling, MessageBody, ModelBody, Queued, Started
 from .door import Door
 from .errors import (
     DATABASE_ERRORS,
@@ -149,6 +150,15 @@ def post_message(run_id: str, body: MessageBody, request: Request, caller: Calle
     door = server(request).door
     run = owned_run(door, caller, run_id, "post to it")
     return Queued(thread_id=door.commands.post_message(run.run_id, body.text, target=body.when))
+
+
+@router.post("/{run_id}/model", status_code=202, response_model=Queued, responses=NOT_FOUND)
+def select_model(run_id: str, body: ModelBody, request: Request, caller: CallerDep) -> Queued:
+    """Switch the model of the run's thread from its next step that assembles a prompt."""
+    door = server(request).door
+    run = owned_run(door, caller, run_id, "switch its model")
+    selection = ModelSelection(**body.model_dump())
+    return Queued(thread_id=door.commands.select_model(run.run_id, selection))
 
 
 @router.post("/{run_id}/cancel", status_code=202, response_model=Cancelling, responses=NOT_FOUND)

@@ -482,3 +482,38 @@ def test_a_rejection_through_the_api_goes_back_to_the_model(stack: Stack) -> Non
     call = stack.doors.store.tool_call(run_id, call_id)
     assert call is not None and call["status"] == "rejected"
     assert not [what for what, _ in executed(run_id) if what == "refund"]
+
+
+def test_a_threads_model_is_switched_over_http_and_the_cli_from_its_next_step(
+    stack: Stack,
+) -> None:
+    """Choosing a thread's model, at the doors of a durable deployment: refusals change
+    nothing; the last choice is the model of the step after the decision."""
+    run_id, call_id = parked(stack)
+    path = f"/v1/runs/{run_id}/model"
+    before = stack.doors.snapshot(run_id)
+    said = assert_error(stack.call("alice", "POST", path, json={"model": "m2"}), 403)
+    assert "switch its model" in said
+    assert_error(stack.call("eve", "POST", path, json={"model": "m2"}), 404)
+    assert "name a model" in assert_error(stack.call("user-7", "POST", path, json={}), 422)
+    assert_error(stack.call("user-7", "POST", path, json={"model": "m2", "seed": 1}), 422)
+    assert stack.doors.snapshot(run_id) == before
+
+    by_cli = cli("model", run_id, "--model", "m3", "--json", env=stack.doors.env)
+    assert by_cli.returncode == 0, by_cli.stderr
+    assert json.loads(by_cli.stdout)["thread_id"] == run_id
+    switched = stack.call("backend", "POST", path, json={"model": "m2"})
+    assert switched.status_code == 202 and switched.json() == {"thread_id": run_id}
+    chosen = [
+        e.data["model"] for e in stack.doors.client.events(run_id) if e.type.endswith("selected")
+    ]
+    assert chosen == ["m3", "m2"]
+
+    decided = stack.call(
+        "alice", "POST", f"/v1/runs/{run_id}/approvals/{call_id}", json={"decision": "approve"}
+    )
+    assert decided.status_code == 200, decided.text
+    assert stack.doors.wait_status(run_id, "completed")
+    steps = {row["step"]: row for row in stack.doors.store.journal(run_id)}
+    assert steps["model:1"]["intent"]["request"]["settings"]["model"] != "m2"
+    assert steps["model:2"]["intent"]["request"]["settings"]["model"] == "m2"

@@ -12,6 +12,7 @@ import pytest
 from tests.support.apps import executed
 from tests.support.apps.http import ANSWER
 from tests.support.serve import Api, ApiServer, api_env, assert_error, events
+from tests.support.waiting import eventually
 from tests.support.workers import ROOT
 
 
@@ -126,3 +127,41 @@ def test_the_inline_server_refuses_a_durable_runs_stream(
         store.engine.dispose()
     refused = api.call("user-7", "GET", "/v1/runs/durable-elsewhere/stream")
     assert "durable runner" in assert_error(refused, 409, "ConflictError")
+
+
+def test_a_threads_model_is_switched_over_http_and_the_cli_on_the_inline_server(
+    api: Api, inline: tuple[ApiServer, str]
+) -> None:
+    """Choosing a thread's model reaches a run the server's own process drives: from
+    HTTP, and from the command line of another process on the same database."""
+    from agent_jobs.store import Store
+    from tests.support.doors import cli
+
+    run_id = api.start("user-7", text="refund it")
+    with api.stream("user-7", f"/v1/runs/{run_id}/stream") as reply:
+        for event in events(reply):
+            if event.data is not None and event.frame["type"] == "approval_request":
+                call_id = event.frame["call_id"]
+                break
+    path = f"/v1/runs/{run_id}/model"
+    assert_error(api.call("alice", "POST", path, json={"model": "m2"}), 403)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env = {**api_env(base), "PYTHONPATH": str(ROOT), "AGENT_JOBS_DATABASE_URL": inline[1]}
+    by_cli = cli("model", run_id, "--model", "m3", env=env)
+    assert by_cli.returncode == 0 and f"thread {run_id} uses m3" in by_cli.stdout, by_cli.stderr
+    switched = api.call("user-7", "POST", path, json={"model": "m2"})
+    assert switched.status_code == 202 and switched.json() == {"thread_id": run_id}
+
+    decided = api.call(
+        "alice", "POST", f"/v1/runs/{run_id}/approvals/{call_id}", json={"decision": "approve"}
+    )
+    assert decided.status_code == 200, decided.text
+    assert eventually(
+        lambda: status(api, run_id)["status"] == "completed" or None, what=f"{run_id} to complete"
+    )
+    store = Store.from_url(inline[1])
+    try:
+        steps = {row["step"]: row for row in store.journal(run_id)}
+    finally:
+        store.engine.dispose()
+    assert steps["model:2"]["intent"]["request"]["settings"]["model"] == "m2"

@@ -303,7 +303,7 @@ def test_an_auth_error_ends_the_turn_at_once(harness: Harness) -> None:
 def test_a_model_switch_takes_effect_on_a_later_step(harness: Harness) -> None:
     run_id = harness.start("steer", "check order 9")
     harness.wait_frame(run_id, "tool_call")  # step 1's prompt is already assembled
-    harness.client.select_model(run_id, model="m2")  # no effort: clears the inherited one
+    harness.select_model(run_id, model="m2")  # no effort: clears the inherited one
     assert harness.wait(run_id).status == "completed"
     first = journal(harness, run_id)["model:1"]["intent"]["request"]["settings"]
     second = journal(harness, run_id)["model:2"]["intent"]["request"]["settings"]

@@ -7,7 +7,10 @@ from typing import Any, Literal
 
 from agent_jobs import InlineRunner, RunView, Store
 from agent_jobs.client import Client
+from agent_jobs.commands import Commands
 from agent_jobs.controls import Forked
+from agent_jobs.runs import RunRequest
+from agent_jobs.session import ModelSelection
 from agent_jobs.streams.base import Frame
 from agent_jobs.streams.redis_streams import RedisStreams
 
@@ -16,15 +19,34 @@ from .waiting import TIMEOUT, eventually, wait_finished, wait_status
 
 
 class Harness:
+    """A scenario's runner: its commands (agent_jobs.commands, with the runner's wake) and
+    how its frames are read."""
+
     kind: str
     store: Store
-    client: Client  # reads the session log, switches models (no broker needed)
+    commands: Commands
+    client: Client  # reads the session log (no broker needed)
+
+    def start(self, agent: str, text: str, **kwargs: Any) -> str:
+        kwargs.setdefault("actor", "user-7")
+        return self.commands.admit(RunRequest.of(agent, text, **kwargs))[0]
 
     def post(self, run_or_thread: str, text: str, target: str = "next-step") -> str:
-        raise NotImplementedError
+        return self.commands.post_message(run_or_thread, text, target=target)
 
     def cancel(self, run_id: str, cause: str = "user", keep_inbox: bool = False) -> list[str]:
-        raise NotImplementedError
+        return self.commands.cancel(run_id, cause, keep_inbox=keep_inbox)
+
+    def decide(
+        self, run_id: str, call_id: str, decision: Literal["approve", "reject"], actor: str
+    ) -> bool:
+        return self.commands.decide(run_id, call_id, decision, actor=actor)
+
+    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
+        return self.commands.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
+
+    def select_model(self, run_or_thread: str, **selection: Any) -> str:
+        return self.commands.select_model(run_or_thread, ModelSelection(**selection))
 
     def events(self, run_or_thread: str) -> list[Any]:
         return self.client.events(run_or_thread)
@@ -44,18 +66,7 @@ class Harness:
         """The event types a run wrote, in order."""
         return [e.type for e in self.events(run_id) if e.run_id == run_id]
 
-    def start(self, agent: str, text: str, **kwargs: Any) -> str:
-        raise NotImplementedError
-
-    def decide(
-        self, run_id: str, call_id: str, decision: Literal["approve", "reject"], actor: str
-    ) -> bool:
-        raise NotImplementedError
-
     def frames(self, run_id: str) -> list[Frame]:
-        raise NotImplementedError
-
-    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
         raise NotImplementedError
 
     def wait(self, run_id: str, timeout: float | None = None) -> RunView:
@@ -87,28 +98,11 @@ class InlineHarness(Harness):
     def __init__(self, runner: InlineRunner) -> None:
         self.runner = runner
         self.store = runner.store
+        self.commands = runner.commands
         self.client = Client(runner.store, runner.app, runner.settings)
-
-    def post(self, run_or_thread: str, text: str, target: str = "next-step") -> str:
-        return self.runner.post_message(run_or_thread, text, target=target)
-
-    def cancel(self, run_id: str, cause: str = "user", keep_inbox: bool = False) -> list[str]:
-        return self.runner.cancel(run_id, cause, keep_inbox=keep_inbox)
-
-    def start(self, agent: str, text: str, **kwargs: Any) -> str:
-        kwargs.setdefault("actor", "user-7")
-        return self.runner.start(agent, text, **kwargs)
-
-    def decide(
-        self, run_id: str, call_id: str, decision: Literal["approve", "reject"], actor: str
-    ) -> bool:
-        return self.runner.signal(run_id, call_id, decision, actor=actor)
 
     def frames(self, run_id: str) -> list[Frame]:
         return list(self.runner.frames(run_id))
-
-    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
-        return self.runner.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     def frames_live(self, run_id: str) -> Iterator[Frame]:
         return self.runner.frames(run_id)
@@ -122,29 +116,12 @@ class DurableHarness(Harness):
 
     def __init__(self, client: Client, streams: RedisStreams) -> None:
         self.client = client
+        self.commands = client.commands
         self.store = client.store
         self.streams = streams
 
-    def start(self, agent: str, text: str, **kwargs: Any) -> str:
-        kwargs.setdefault("actor", "user-7")
-        return self.client.enqueue_run(agent, text, **kwargs)
-
-    def post(self, run_or_thread: str, text: str, target: str = "next-step") -> str:
-        return self.client.post_message(run_or_thread, text, target=target)
-
-    def cancel(self, run_id: str, cause: str = "user", keep_inbox: bool = False) -> list[str]:
-        return self.client.cancel(run_id, cause, keep_inbox=keep_inbox)
-
-    def decide(
-        self, run_id: str, call_id: str, decision: Literal["approve", "reject"], actor: str
-    ) -> bool:
-        return self.client.decide(run_id, call_id, decision, actor=actor)
-
     def frames(self, run_id: str) -> list[Frame]:
         return [frame for _, frame in self.streams.read(run_id, block=5)]
-
-    def fork(self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False) -> Forked:
-        return self.client.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     def frames_live(self, run_id: str) -> Iterator[Frame]:
         return (frame for _, frame in self.streams.read(run_id, block=TIMEOUT))
