@@ -125,7 +125,7 @@ def record_reconciliation(
     """
     # The run's lock: a pass that parks or resumes the run goes before or after, never
     # between the checks and the write.
-    run = runs.get_run(conn, run_id, for_update=True)
+    run = runs.lock_run(conn, run_id)
     if run is None:
         raise UnknownRunError(run_id)
     call = toolcalls.get_call(conn, run_id, call_id)

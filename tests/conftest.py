@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# A transaction that takes row locks out of their order fails loudly here, in this
+# process and in the processes the tests start (agent_jobs/store/locks.py).
+os.environ["AGENT_JOBS_LOCK_ORDER"] = "strict"
+
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path

@@ -83,7 +83,7 @@ def expire_run(
     """Decide the run's undecided calls past their deadline, in the caller's transaction
     (the run's lock is taken here: a person's decision is recorded under it too)."""
     now = now or utcnow()
-    run = runs.get_run(conn, run_id, for_update=True)
+    run = runs.lock_run(conn, run_id)
     if run is None or run.status in runs.TERMINAL:
         return []
     return [

@@ -50,7 +50,7 @@ def record_decision(
     """
     # The run's lock: a run that ends while the decision is checked ends before it or
     # after it is recorded, never in between.
-    run = runs.get_run(conn, run_id, for_update=True)
+    run = runs.lock_run(conn, run_id)
     if run is None:
         raise UnknownRunError(run_id)
     call = toolcalls.get_call(conn, run_id, call_id)
@@ -132,7 +132,7 @@ def record_answers(
     `InvalidRequestError` for answers that do not answer exactly the questions asked;
     nothing is written then. Returns "already_decided" when they were answered already.
     """
-    run = runs.get_run(conn, run_id, for_update=True)  # as in `record_decision`
+    run = runs.lock_run(conn, run_id)  # as in `record_decision`
     if run is None:
         raise UnknownRunError(run_id)
     asked = questions.get(conn, run_id, request_id)

@@ -45,7 +45,7 @@ def checked_actor(actor: Any) -> str:
 def locked(conn: Connection, run_id: str) -> Any:
     """The run's row with its lock (a pass of the run goes before or after, never
     between the checks and the writes); `UnknownRunError` when there is none."""
-    run = run_rows.get_run(conn, run_id, for_update=True)
+    run = run_rows.lock_run(conn, run_id)
     if run is None:
         raise UnknownRunError(run_id)
     return run
@@ -91,7 +91,7 @@ def resume(conn: Connection, run_id: str, actor: str) -> list[str]:
         raise ControlRefusedError(f"run {run_id} is not paused ({run.status}): nothing to resume")
     resumed: list[str] = []
     for target in run_rows.run_tree_ids(conn, run_id):
-        row = run if target == run_id else run_rows.get_run(conn, target, for_update=True)
+        row = run if target == run_id else run_rows.lock_run(conn, target)
         if row is None or row.status in run_rows.TERMINAL or row.pause_requested_by is None:
             continue
         status, waiting_on = restored(conn, row, actor)

@@ -20,7 +20,7 @@ from sqlalchemy import (
     update,
 )
 
-from . import driver
+from . import driver, locks
 from .db import utcnow
 from .schema import events, runs, threads
 
@@ -160,5 +160,7 @@ def for_thread(
 
 
 def lock_thread(conn: Connection, thread_id: str) -> Any | None:
-    """Take the thread's row lock (posting and turn ends serialise on it)."""
+    """Take the thread's row lock (posting and turn ends serialise on it), in the order
+    of `agent_jobs.store.locks`."""
+    locks.note(conn, locks.THREAD)
     return conn.execute(select(threads).where(threads.c.id == thread_id).with_for_update()).first()

@@ -256,7 +256,7 @@ def lock_and_load(
     else:
         values = _outcome(run_id, **outcome)
         read = (_COMPLETE_AND_REPLAY, values | {"after": after})
-    statements = [run_rows.lock_statement(run_id), read]
+    statements = [run_rows.lock_statement(conn, run_id), read]
     if inbox is not None:
         statements.append(event_rows.of_runs_thread(run_id, inbox))
     locked, rows, *events = driver.batch(conn, statements)

@@ -27,7 +27,7 @@ from sqlalchemy import (
     select,
 )
 
-from . import driver
+from . import driver, locks
 from .schema import runs, threads
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -71,6 +71,7 @@ def thread_runs(conn: Connection, thread_id: str, *, lock: bool = True) -> list[
     params = {"b_thread": thread_id}
     if not lock:
         return driver.rows(conn, _THREAD_RUNS, params)
+    locks.note(conn, locks.THREAD)
     _, found = driver.batch(conn, [(_LOCK_THREAD, params), (_THREAD_RUNS, params)])
     return found
 

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, sele
 
 from ..checkpoints import HUMAN_WAITS
 from ..notify import outbox as notices
-from . import driver, places
+from . import driver, locks, places
 from .db import insert_unless_exists, utcnow
 from .schema import journal, runs, tool_calls, usage
 
@@ -103,17 +103,27 @@ def lock_and_touch(conn: Connection, run_id: str) -> Row[Any] | None:
     Re-drives of a run serialise on this lock; `updated_at` is what the sweep reads to
     tell a run that makes progress from one that stalled.
     """
-    return driver.first(conn, *lock_statement(run_id))
+    return driver.first(conn, *lock_statement(conn, run_id))
 
 
-def lock_statement(run_id: str) -> tuple[Any, dict[str, Any]]:
-    """`lock_and_touch` as a statement and its parameters (for a batch)."""
+def lock_statement(conn: Connection, run_id: str) -> tuple[Any, dict[str, Any]]:
+    """`lock_and_touch` as a statement and its parameters (for a batch on `conn`)."""
+    locks.note(conn, locks.RUN)
     return _LOCK_AND_TOUCH, {"b_run_id": run_id, "b_now": utcnow()}
 
 
-def get_run(conn: Connection, run_id: str, *, for_update: bool = False) -> Row[Any] | None:
-    """The run's row; `for_update` takes its lock (serialises re-drives of the run)."""
-    return conn.execute(_LOCK if for_update else _GET, {"run_id": run_id}).first()
+def lock_run(conn: Connection, run_id: str, *, touch: bool = False) -> Row[Any] | None:
+    """The run's row, locked until the transaction ends (None: no such run), in the
+    order of `agent_jobs.store.locks`; `touch` also marks it as just driven."""
+    if touch:
+        return lock_and_touch(conn, run_id)
+    locks.note(conn, locks.RUN)
+    return conn.execute(_LOCK, {"run_id": run_id}).first()
+
+
+def get_run(conn: Connection, run_id: str) -> Row[Any] | None:
+    """The run's row, unlocked (`lock_run` locks it)."""
+    return conn.execute(_GET, {"run_id": run_id}).first()
 
 
 def set_status(

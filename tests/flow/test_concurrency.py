@@ -163,7 +163,7 @@ def test_a_run_sent_before_an_earlier_one_began_waits_for_it(cluster: Cluster) -
         first = client.enqueue_run("single_slow", "one", actor="user-7")
         second = client.enqueue_run("single_slow", "two", actor="user-7")
         with cluster.store.begin() as conn:  # the second's pass, before the first's
-            row = run_rows.get_run(conn, second, for_update=True)
+            row = run_rows.lock_run(conn, second)
             entry = admission.enter(conn, concurrency_apps.app, RunView.from_row(row))
         assert not entry
         waiting = "concurrency single_slow/user-7: 0 of 1 running, earlier runs first"

@@ -142,7 +142,7 @@ def test_an_interrupt_while_a_queued_run_of_the_thread_looks_at_it(
 
     def entry() -> bool:  # as a queued run's pass looks at its thread
         with store.begin() as conn:
-            row = run_rows.get_run(conn, second, for_update=True)
+            row = run_rows.lock_run(conn, second)
             own_row.hold()
             return bool(enter(conn, runner.app, RunView.from_row(row)))
 

@@ -199,6 +199,20 @@ def test_the_http_door_imports_neither_the_cli_nor_the_runners() -> None:
     )
 
 
+def test_row_locks_are_taken_only_in_the_store() -> None:
+    """`agent_jobs/store/locks.py` keeps the order: a lock taken elsewhere would escape it."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in modules(PACKAGE, ROOT / "tasks")
+        if not path.is_relative_to(PACKAGE / "store")
+        and any(
+            needle in path.read_text(encoding="utf-8")
+            for needle in ("with_for_update", "for_update=", "FOR UPDATE", "FOR NO KEY UPDATE")
+        )
+    ]
+    assert not offenders, "locks rows outside agent_jobs/store: " + ", ".join(offenders)
+
+
 def test_nothing_in_agent_jobs_imports_tasks() -> None:
     offenders = [found for found in package_imports() if within(found.target, "tasks")]
     assert not offenders, "agent_jobs imports tasks:\n" + "\n".join(

@@ -106,7 +106,7 @@ def end(
 
 def _end_one(store: Store, app: AgentApp, run_id: str, streams: MemoryStreams) -> bool:
     with store.begin() as conn:
-        row = run_rows.get_run(conn, run_id, for_update=True)
+        row = run_rows.lock_run(conn, run_id)
         if row is None or row.status in run_rows.TERMINAL or row.runner != "inline":
             return False
         if not gone(row.driver):

@@ -128,7 +128,7 @@ class HumanWaits:
         """The run's row first, as a person's decision or answers take it before the call's
         or the question's row: a request written first, then the run parked, deadlocked
         with a decision that came in between."""
-        run_rows.lock_and_touch(conn, self.run.run_id)
+        run_rows.lock_run(conn, self.run.run_id, touch=True)
 
     def _park(self, conn: Connection, wait: waits.HumanWait) -> None:
         """Under the run's lock (`_lock`)."""

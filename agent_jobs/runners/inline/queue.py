@@ -51,7 +51,7 @@ class QueuedTurns:
                 thread_id=run.thread_id, agent=run.agent, key=run.concurrency_key, but=run.run_id
             )
             with self.store.begin() as conn:
-                row = run_rows.get_run(conn, run.run_id, for_update=True)
+                row = run_rows.lock_run(conn, run.run_id)
                 current = RunView.from_row(row)
                 if current.finished:
                     return None
