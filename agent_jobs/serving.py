@@ -16,7 +16,6 @@ from . import metrics, tracing
 from .client import Client
 from .dispatch import CeleryDispatcher, celery_client
 from .errors import ConfigurationError
-from .http import API_EXTRA
 from .http.door import INLINE_ENTRY_ID, Door, durable_door
 from .loading import load_app
 from .notify.sender import start_sender
@@ -28,6 +27,7 @@ from .store import Store
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+API_EXTRA = "the HTTP API needs the api extra: pip install 'agent-jobs[api]'"
 # Database connections the server keeps (10 more on a burst): its requests run on a
 # pool of 40 threads, most of them done in a query or two.
 DB_POOL_SIZE = 10

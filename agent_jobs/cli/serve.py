@@ -8,18 +8,13 @@ builds the app either way).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import click
 
-from ..http import API_EXTRA
 from ..logs import configure_logging
-from ..serving import build_app
+from ..serving import API_EXTRA, build_app
 from ..settings import get_settings
 from .common import EXIT_USAGE, fail, handle_errors
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-API_EXTRA = "the HTTP API needs the api extra: pip install 'agent-jobs[api]'"
-
 
 def __getattr__(name: str) -> Any:
     if name == "app":

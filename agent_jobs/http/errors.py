@@ -8,6 +8,7 @@ service that cannot be reached (503) and anything unexpected (500, with no detai
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.exceptions
@@ -34,6 +35,7 @@ from ..errors import (
 )
 
 log = logging.getLogger(__name__)
+Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 
 
 class ApiError(AgentJobsError):
@@ -150,14 +152,23 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, validation_message(exc), "InvalidRequestError")
 
 
-async def _http(request: Request, exc: Exception) -> JSONResponse:
-    """Starlette's own refusals: an unknown route (404), a method a route lacks (405)."""
+def _starlette(authenticate: Callable[[Request], object]) -> Handler:
+    """Starlette's own refusals: an unknown route (404), a method a route lacks (405).
+    Every request but a handful carries a token (`authenticate` checks it): an unknown
+    route without one is refused as any other request would be, and says nothing of what
+    exists."""
+
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
+        return _http(request, exc, authenticate)
+
+    return refused
+
+
+def _http(
+    request: Request, exc: Exception, authenticate: Callable[[Request], object]
+) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 404:
-        # Every request but a handful carries a token: an unknown route without one is
-        # refused as any other request would be, and says nothing of what exists.
-        from .auth import authenticate
-
         try:
             if not request.url.path.startswith("/static/"):  # the page's assets are public
                 authenticate(request)
@@ -184,11 +195,12 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "the server failed; its log says why", "InternalError")
 
 
-def install(app: FastAPI) -> None:
-    """Answer every refusal of `app` as an `ErrorBody`."""
+def install(app: FastAPI, authenticate: Callable[[Request], object]) -> None:
+    """Answer every refusal of `app` as an `ErrorBody` (`authenticate`: the token check
+    an unknown route gets too)."""
     app.add_exception_handler(AgentJobsError, _library)
     app.add_exception_handler(RequestValidationError, _validation)
-    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(StarletteHTTPException, _starlette(authenticate))
     for kind in (*DATABASE_ERRORS, *REDIS_ERRORS):
         app.add_exception_handler(kind, _unreachable)
     app.add_exception_handler(Exception, _unexpected)

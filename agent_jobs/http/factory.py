@@ -12,7 +12,7 @@ from fastapi import APIRouter, FastAPI
 
 from ..settings import Settings
 from . import controls, decisions, errors, page, reconcile, runs, scraping, service
-from .auth import TokenTable
+from .auth import TokenTable, authenticate
 from .connections import QuietRepeats
 from .door import Door
 from .middleware import BodyLimit, SecurityHeaders
@@ -66,7 +66,7 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
     slots = StreamSlots(settings.api_max_streams, settings.api_max_streams_per_actor)
     state = ServerState(door, tokens, settings, slots)
     setattr(app.state, STATE_KEY, state)
-    errors.install(app)
+    errors.install(app, authenticate)
     for router in (
         service.router,
         runs.router,
