@@ -90,7 +90,7 @@ def test_duplicate_deliveries_are_no_ops(cluster: Cluster) -> None:
     before = executed(run_id)
 
     # The same (run_id, step) delivered again, and the run re-driven twice more.
-    queue = cluster.client._broker().queue
+    queue = cluster.client.waker.broker().queue
     coordinated = _coordinations_ended(worker)
     replayed = cluster.celery.send_task(MODEL_TURN, args=[run_id, "model:1"], queue=queue)
     cluster.client.wake(run_id)
@@ -309,7 +309,7 @@ def test_a_cancel_posted_while_no_worker_runs_takes_effect_when_one_returns(
     worker.stop()
     assert cluster.client.cancel(run_id) == [run_id]
     # Its wake-up waits in the broker, with nobody to take it: the run is as it was.
-    assert redis.Redis.from_url(cluster.broker).llen(cluster.client._broker().queue) >= 1
+    assert redis.Redis.from_url(cluster.broker).llen(cluster.client.waker.broker().queue) >= 1
     assert cluster.store.get_run(run_id).status == "awaiting_approval"  # nobody to stop it yet
     cluster.worker()
     run = cluster.wait(run_id)
@@ -473,7 +473,7 @@ def test_forged_step_tasks_on_a_real_worker_cannot_wedge_a_parked_run(cluster: C
     cluster.beat()
     run_id = cluster.client.enqueue_run("gated", "go", actor="user-7")
     cluster.wait_step(run_id, "approval:call_2", "waiting")
-    queue = cluster.client._broker().queue
+    queue = cluster.client.waker.broker().queue
     forged = []
     for _ in range(4):  # more than the attempts a step gets
         forged.append(
