@@ -10,6 +10,8 @@ it), and these modules, which users import directly:
 - `agent_jobs.diagnostics`: `subscribe(listener)` to a run's diagnostic events;
 - `agent_jobs.streams`: the live stream's frames (`assemble_text`, `TextAssembler`);
 - `agent_jobs.session`: folds over a thread's events (`fold_consumed_work`);
+- `agent_jobs.startup`: `start(store, settings)`, what a process that drives runs starts
+  beside its work (notifications, diagnostics, tracing);
 - `agent_jobs.prestep` and `agent_jobs.retry`: the types of `@app.before_step`
   listeners (`PreStepDecision`) and `@app.on_request_error` middlewares.
 

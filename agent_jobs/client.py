@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Literal
 
-from . import controls, session, tracing
+from . import controls, session, startup
 from .admission import IfBusy
 from .app import AgentApp
 from .commands import Commands
@@ -54,8 +54,9 @@ class Client:
             else None
         )
         app = load_app(settings.app)
-        tracing.setup(settings)  # after the app, which may have set OpenTelemetry up itself
-        return cls(Store.from_url(settings.database_url), app, settings, dispatcher)
+        store = Store.from_url(settings.database_url)
+        startup.start(store, settings, deliver=False)  # after the app, as tracing needs
+        return cls(store, app, settings, dispatcher)
 
     def enqueue_run(
         self,

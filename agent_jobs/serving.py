@@ -12,14 +12,12 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from . import metrics, tracing
+from . import startup
 from .client import Client
 from .dispatch import CeleryDispatcher, celery_client
 from .errors import ConfigurationError
 from .http.door import INLINE_ENTRY_ID, Door, durable_door
 from .loading import load_app
-from .notify.sender import start_sender
-from .notify.webhook import check as check_webhook
 from .runners import InlineRunner
 from .settings import Settings, get_settings
 from .store import Store
@@ -59,13 +57,10 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         raise ConfigurationError(API_EXTRA) from None
     settings = settings or get_settings()
     TokenTable.from_secret(settings.api_tokens)
-    tracing.check(settings)  # a missing extra is refused before anything connects
-    check_webhook(settings)  # so is a webhook without a secret
+    startup.check(settings)  # refused before anything connects
     door = build_door(settings)
-    start_sender(door.store, settings)  # runs' notifications, from this process too
-    tracing.setup(settings)  # after the app, which may have set OpenTelemetry up itself
     # AGENT_JOBS_METRICS_PORT: the metrics on their port, and at GET /metrics too.
-    metrics.serve(settings, store=door.store)
+    startup.start(door.store, settings, serve_metrics=True)
     return create_app(door, settings)
 
 

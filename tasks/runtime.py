@@ -24,13 +24,11 @@ from celery.signals import (
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from agent_jobs import metrics, scrape, tracing
+from agent_jobs import metrics, scrape, startup, tracing
 from agent_jobs.dispatch import START_RUN, CeleryDispatcher
 from agent_jobs.errors import ConfigurationError
 from agent_jobs.leases import Leases, beat_client
 from agent_jobs.loading import load_app
-from agent_jobs.notify.sender import start_sender
-from agent_jobs.notify.webhook import check as check_webhook
 from agent_jobs.runners.durable import DurableRunner, Liveness, give_up, recover_process
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store
@@ -88,9 +86,9 @@ def runtime(celery: Celery) -> Runtime:
             beats = Leases(beat_client(redis_url, settings.process_timeout))
             runner.liveness = Liveness(beats, recover, settings.process_timeout)
             runner.liveness.start()
-            # Notifications this process (or another) wrote: to Redis and the webhook.
-            start_sender(runner.store, settings, redis_client=redis_client)
-            tracing.setup(settings)  # after the app, which may have set OpenTelemetry up
+            # Notifications this process (or another) wrote, to Redis and the webhook;
+            # diagnostics; tracing, after the app (it may have set OpenTelemetry up).
+            startup.start(runner.store, settings, redis_client=redis_client)
             log.info(
                 "agent-jobs runner ready in process %d: up to %d database connections, "
                 "%d Redis connections",
@@ -128,7 +126,6 @@ def _observe(**_: object) -> None:
     global _metrics_dir
     settings = get_settings()
     try:
-        tracing.check(settings)
         if settings.metrics_port is None:
             return
         directory = None
@@ -143,10 +140,11 @@ def _observe(**_: object) -> None:
 
 
 @worker_init.connect
-def _check_notifications(**_: object) -> None:
-    """A webhook that cannot be sent safely (no secret) stops the start with one line."""
+def _check(**_: object) -> None:
+    """Settings the worker could not run with (a webhook without a secret, tracing
+    without its extra) stop the start with one line."""
     try:
-        check_webhook(get_settings())
+        startup.check(get_settings())
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

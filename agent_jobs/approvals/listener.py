@@ -33,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .. import checkpoints as names
-from .. import metrics
+from .. import metrics, startup
 from ..client import Client
 from ..errors import (
     ConfigurationError,
@@ -43,8 +43,6 @@ from ..errors import (
     UnknownRunError,
 )
 from ..logs import log_context
-from ..notify.sender import start_sender
-from ..notify.webhook import check as check_webhook
 from ..settings import Settings, SettingsBase, get_settings
 from .messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
 from .stream import ApprovalsStream, Entry
@@ -161,7 +159,7 @@ class ApprovalsListener:
                 "the approvals listener needs Redis: set AGENT_JOBS_REDIS_URL "
                 "or AGENT_JOBS_BROKER_URL"
             )
-        check_webhook(settings)  # the listener sends notifications too
+        startup.check(settings)  # the listener sends notifications too
         secret = settings.approval_secret.get_secret_value() if settings.approval_secret else None
         if not secret and not allow_unsigned:
             raise ConfigurationError(
@@ -269,11 +267,10 @@ class ApprovalsListener:
 
     def serve(self) -> None:
         """Listen until `stop()`; bad input and lost connections never end this."""
-        # Metrics, when AGENT_JOBS_METRICS_PORT is set (a missing extra or a port in use
-        # is a ConfigurationError, before anything is served).
-        metrics.serve(self.client.settings, store=self.client.store)
-        # Runs' notifications, delivered from here too (agent_jobs/notify).
-        start_sender(self.client.store, self.client.settings)
+        # Runs' notifications, delivered from here too (agent_jobs/notify); metrics, when
+        # AGENT_JOBS_METRICS_PORT is set (a missing extra or a port in use is a
+        # ConfigurationError, before anything is served).
+        startup.start(self.client.store, self.client.settings, serve_metrics=True)
         try:
             self.stream.ensure_group()
         except redis.RedisError as exc:

@@ -18,12 +18,14 @@ import sqlalchemy.exc
 from rich.console import Console
 from rich.text import Text
 
+from .. import startup
 from ..app import AgentApp
 from ..client import Client
 from ..dispatch import CeleryDispatcher, celery_client
 from ..errors import AgentJobsError, InvalidRequestError, UnknownRunError
 from ..loading import load_app
 from ..logs import known_secrets
+from ..runners import InlineRunner
 from ..settings import Settings, get_settings
 from ..store import Store
 from ..streams.redis_streams import RedisStreams
@@ -214,6 +216,15 @@ def agent_named(agent: str | None, loaded: AgentApp) -> str:
     raise InvalidRequestError(
         f"this app defines several agents ({', '.join(names)}): name one with --agent"
     )
+
+
+def inline_runner() -> InlineRunner:
+    """The inline runner of this process (no broker: it drives the run here), with the
+    process's services started (its runs' notifications, diagnostics, tracing)."""
+    config = settings()
+    runner = InlineRunner(app(), store(), settings=config)
+    startup.start(runner.store, config)
+    return runner
 
 
 def durable_client() -> Client:

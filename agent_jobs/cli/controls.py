@@ -21,7 +21,16 @@ from ..controls import Forked
 from ..runners import InlineRunner
 from ..store import RunView
 from ..streams.base import Frame
-from .common import EXIT_FAILED, app, handle_errors, out, print_json, settings, store
+from .common import (
+    EXIT_FAILED,
+    app,
+    handle_errors,
+    inline_runner,
+    out,
+    print_json,
+    settings,
+    store,
+)
 from .frames import follow
 from .inspect import run_document
 from .prompt import tell_how_to_answer, tell_how_to_decide
@@ -47,8 +56,7 @@ def _client() -> Client:
 
 def _inline() -> InlineRunner | None:
     """The inline runner of this process when there is no broker (it drives the run)."""
-    config = settings()
-    return None if config.broker_url else InlineRunner(app(), store(), settings=config)
+    return None if settings().broker_url else inline_runner()
 
 
 @click.command()

@@ -12,7 +12,6 @@ import click
 
 from ..admission import IfBusy
 from ..app import AgentApp
-from ..runners import InlineRunner
 from ..store import Store
 from ..streams.base import Frame
 from .common import (
@@ -21,16 +20,15 @@ from .common import (
     EXIT_WAITING,
     REDIS_ERRORS,
     agent_named,
-    app,
     durable_client,
     err,
     fail,
     handle_errors,
+    inline_runner,
     out,
     print_json,
     redis_streams,
     settings,
-    store,
     unreachable,
 )
 from .enqueue import IF_BUSY
@@ -231,7 +229,7 @@ def _handlers(
 def _run_inline(args: RunArgs, approve_all: bool, as_json: bool) -> int:
     """Run the turn in this process; a decision made elsewhere (`agent-jobs approve`)
     reaches it through the database."""
-    runner = InlineRunner(app(), store(), settings=settings())
+    runner = inline_runner()
     agent = agent_named(args.agent, runner.app)  # once the database answered
     args = replace(args, agent=agent)
     run_id = runner.start(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from agent_jobs import InlineRunner
+from agent_jobs import InlineRunner, startup
 from agent_jobs.client import Client
 from agent_jobs.dispatch import COORDINATE, CeleryDispatcher, celery_client
 from agent_jobs.messages import args_sha256
@@ -117,6 +117,7 @@ class Inline(Driven):
         self.store = store
         self.events = events
         self.runner = InlineRunner(apps.app, store, settings=settings, poll_interval=0.05)
+        startup.start(store, settings)  # this process delivers its runs' notifications
 
     def start(self, agent: str) -> str:
         return self.runner.start(agent, "go", actor="user-7", metadata={"ticket": 7})

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent_jobs import AgentApp, InlineRunner, ScriptedModel, Store, diagnostics
+from agent_jobs import AgentApp, InlineRunner, ScriptedModel, Store, diagnostics, startup
 from agent_jobs.errors import DecisionRefusedError, UnknownAgentError, UnknownCallError
 from agent_jobs.settings import Settings
 from agent_jobs.streams.base import Frame
@@ -428,6 +428,7 @@ def test_diagnostics_cost_nothing_without_listeners_and_can_be_turned_off(store:
     unsubscribe = diagnostics.subscribe(lambda name, _: seen.append(name))
     try:
         runner = make_runner(support_app(ScriptedModel([{"text": "x"}])), store, diagnostics=False)
+        startup.start(store, runner.settings)  # the process's switch, as every entry sets it
         runner.run("support", "x", actor="user-7", timeout=TIMEOUT)
         diagnostics.publish("probe", payload)
         assert seen == [] and built == []

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
-from ... import diagnostics, observe, session
+from ... import observe, session
 from ...admission import IfBusy
 from ...app import AgentApp
 from ...checkpoints import DelegationOutcome
@@ -258,7 +258,6 @@ class InlineRunner(QueuedTurns, InlineControls):
         self._init_controls()
         self.wake = InlineWake(self, runs_per_actor)
         self.commands = Commands(store, app, self.wake)
-        diagnostics.set_enabled(self.settings.diagnostics)
         check_webhook(self.settings)  # a webhook without a secret: refused before a run
 
     # --- starting and waiting ----------------------------------------------------------

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import TooManyRunsError
-from ...notify.sender import start_sender
 from ...reconciliation import Recorded
 from ...runs import RunRequest
 from ...store import runs as run_rows
@@ -44,8 +43,6 @@ class InlineWake:
     @contextmanager
     def admission(self, request: RunRequest | None) -> Iterator[None]:
         inline = self.inline
-        # This process delivers its runs' notifications (with Redis or a webhook set).
-        start_sender(inline.store, inline.settings)
         if request is not None and request.thread_id is not None:
             inline._abandoned(thread_id=request.thread_id)  # a turn left by a process that is gone
         with self._admitting:
