@@ -84,15 +84,6 @@ def overdue(run: RunView) -> bool:
     return run.deadline is not None and utcnow() >= run.deadline
 
 
-def stop_cause(conn: Connection, run: RunView) -> str | None:
-    """Why the run must stop now, if it must: a cancel asked for, or its deadline passed
-    (then the timeout cancel is recorded here, for it and its children)."""
-    if run.cancel_cause is None and overdue(run):
-        session.request_cancel(conn, run.run_id, "timeout")
-        return "timeout"
-    return run.cancel_cause
-
-
 @dataclass(frozen=True)
 class Finished:
     """What a run's end sets moving: the next turn's run, the parent waiting on it, the

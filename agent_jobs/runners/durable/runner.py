@@ -28,7 +28,7 @@ import redis
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ... import admission, controls, diagnostics, observe
+from ... import diagnostics, observe
 from ...app import AgentApp
 from ...dispatch import Dispatcher, ResendingDispatcher, tools_of
 from ...errors import AgentJobsError, ModelError, RetryLater, Suspend
@@ -46,6 +46,7 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import RunStream, StreamBackend
+from .. import boundary
 from ..turn import (
     Ending,
     Finished,
@@ -53,7 +54,6 @@ from ..turn import (
     announce_end,
     finish_turn,
     start_turn,
-    stop_cause,
     turn_for,
 )
 from . import journal_cache, reconcile, recovery
@@ -199,19 +199,19 @@ class DurableRunner:
                 if completion is not None and any(r.state in IN_FLIGHT for r in read.loaded):
                     # A sibling of a fan-out is still out: a replay would stop at it, and its
                     # own result re-drives the run. Record this one and spare the replay.
-                    outcome = f"{completion.step} recorded; waiting for its siblings"
-                elif (cause := stop_cause(conn, run)) is not None:
-                    ending = Ending.cancelled(cause, run.cancel_keep_inbox)
-                    outcome = f"cancelled: {cause}"
-                    finished = finish_turn(conn, env, self.app, run, ending)
-                elif (held := controls.hold(conn, env, run, read.loaded)) is not None:
-                    outcome = held  # paused: nothing more runs until it is resumed
-                elif run.status == "queued" and not (entry := admission.enter(conn, self.app, run)):
-                    outcome = entry.outcome  # it stays queued: its thread or its key goes first
+                    outcome, verdict = f"{completion.step} recorded; waiting for its siblings", None
                 else:
-                    if run.status == "queued":  # admitted: it begins, and wakes who may too
+                    verdict = boundary.decide(conn, env, self.app, run, read.loaded)
+                if isinstance(verdict, boundary.Stop):
+                    ending = Ending.cancelled(verdict.cause, run.cancel_keep_inbox)
+                    outcome = f"cancelled: {verdict.cause}"
+                    finished = finish_turn(conn, env, self.app, run, ending)
+                elif isinstance(verdict, boundary.Hold | boundary.Queue):
+                    outcome = verdict.outcome  # paused, or queued behind its thread or key
+                elif isinstance(verdict, boundary.Go):
+                    if verdict.admitted:  # it begins, and wakes who may too
                         start_turn(env, run, conn)
-                        wake_at_deadline, finished = run.deadline, Finished(woken=entry.woken)
+                        wake_at_deadline, finished = run.deadline, Finished(woken=verdict.woken)
                     if self.before_replay is not None:
                         self.before_replay(run_id)
                     disabled = self.settings.disabled_patch_ids

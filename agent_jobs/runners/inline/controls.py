@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ... import checkpoints as names
 from ... import controls
 from ...app import AgentApp
-from ...controls.pause import RESUMED_BY
 from ...executor import StepEnv
 from ...settings import Settings
 from ...store import RunView, Store
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...streams.base import MemoryStreams, RunStream
+from .. import boundary
 
 if TYPE_CHECKING:
     from ...commands import Commands
@@ -65,6 +65,7 @@ class InlineControls:
     poll_interval: float
     _check_cancel: Callable[[str], RunView | None]  # InlineRunner's
     commands: Commands
+    _stop: Callable[[str, boundary.Stop], NoReturn]
 
     def _init_controls(self) -> None:
         self._unpause_lock = threading.Lock()
@@ -99,34 +100,40 @@ class InlineControls:
     # --- the step boundary -------------------------------------------------------------
 
     def _boundary(self, run_id: str) -> None:
-        """A step boundary: stop here if the run is cancelled, wait here while it is
-        paused (`Cancelled` ends the wait too)."""
-        run = self._check_cancel(run_id)
-        if run is None:
-            return
-        if run.pause_requested_by is not None or (run.waiting_on or "").startswith(RESUMED_BY):
-            self._hold(run)
+        """A step boundary (runners/boundary.py): stop here if the run is cancelled or past
+        its deadline, wait here while it is paused (`Cancelled` ends the wait too)."""
+        while isinstance(self._verdict(run_id), boundary.Hold):
+            self._held(run_id)
 
-    def _hold(self, run: RunView) -> None:
+    def _verdict(self, run_id: str) -> boundary.Verdict:
+        """The boundary's verdict on the run as it stands (a `Stop` raises `Cancelled`); a
+        run with nothing asked of it is only read."""
+        run = self._check_cancel(run_id)
+        if run is None or boundary.quiet(run):
+            return boundary.Go()
         env = StepEnv(app=self.app, stream=RunStream(self.streams, run.root_run_id, run.run_id))
         with self.store.begin() as conn:
-            held = controls.hold(conn, env, run, ())
-            if held is None:  # resumed, and said so: it runs on
-                run_rows.set_status(conn, run.run_id, "running")
+            verdict = boundary.decide(conn, env, self.app, run, ())
+            if isinstance(verdict, boundary.Go) and verdict.resumed:
+                run_rows.set_status(conn, run.run_id, "running")  # said so: it runs on
             env.flush_events(conn)
         env.flush()
-        if held is None:
-            return
-        flag = self._unpause_flag(run.run_id)
+        if isinstance(verdict, boundary.Stop):
+            self._stop(run.run_id, verdict)
+        return verdict
+
+    def _held(self, run_id: str) -> None:
+        """Wait while the run is paused; a resume here sets its flag, one recorded by
+        another process is seen at the next look."""
+        flag = self._unpause_flag(run_id)
         while True:
             flag.wait(self.poll_interval)
             flag.clear()
-            current = self._check_cancel(run.run_id)
+            current = self._check_cancel(run_id)
             if current is None or current.pause_requested_by is None:
                 break
         with self._unpause_lock:
-            self._unpaused.pop(run.run_id, None)
-        self._boundary(run.run_id)
+            self._unpaused.pop(run_id, None)
 
     def _unpause_flag(self, run_id: str) -> threading.Event:
         with self._unpause_lock:

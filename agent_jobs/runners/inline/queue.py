@@ -2,9 +2,10 @@
 not ended, its key's places are taken: agent_jobs/admission.py) waits on its own thread,
 in this process, until a run of this runner ends, and then looks again.
 
-The look is the durable runner's (`admission.enter`, under the same locks), so runs of
-other processes on the same database count too; one of those ending is seen at the next
-look, within `OTHERS_POLL` seconds, as this process is told of no end but its own.
+The look is the durable runner's (runners/boundary.py: a stop first, then admission, under
+the same locks; a pause waits for the turn's first step), so runs of other processes on
+the same database count too; one of those ending is seen at the next look, within
+`OTHERS_POLL` seconds, as this process is told of no end but its own.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ... import admission
 from ...app import AgentApp
 from ...executor import StepEnv
 from ...store import RunView, Store
 from ...store import runs as run_rows
 from ...streams.base import RunStream
-from ..turn import Ending, announce_end, finish_turn, stop_cause
+from .. import boundary
+from ..turn import Ending, announce_end, finish_turn
 
 OTHERS_POLL = 1.0  # seconds between looks while nothing here ends
 
@@ -55,14 +56,14 @@ class QueuedTurns:
                 current = RunView.from_row(row)
                 if current.finished:
                     return None
-                cause = stop_cause(conn, current)
-                if cause is None and admission.enter(conn, self.app, current):
+                verdict = boundary.decide(conn, env, self.app, current, (), queued_pause=False)
+                if isinstance(verdict, boundary.Go):
                     run_rows.set_status(conn, current.run_id, "running")
                     return current.model_copy(update={"status": "running", "waiting_on": None})
-                if cause is not None:
-                    ending = Ending.cancelled(cause, current.cancel_keep_inbox)
+                if isinstance(verdict, boundary.Stop):
+                    ending = Ending.cancelled(verdict.cause, current.cancel_keep_inbox)
                     finish_turn(conn, env, self.app, current, ending)
-            if cause is not None:
+            if isinstance(verdict, boundary.Stop):
                 env.flush()
                 announce_end(stream, ending)
                 return None

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from sqlalchemy import Connection
 
@@ -50,6 +50,7 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import Frame, MemoryStreams, RunStream
+from .. import boundary
 from ..turn import (
     Ending,
     announce_end,
@@ -58,7 +59,6 @@ from ..turn import (
     delegation_intent,
     delegation_outcome,
     finish_turn,
-    overdue,
     start_turn,
     turn_for,
 )
@@ -372,18 +372,26 @@ class InlineRunner(QueuedTurns, InlineControls):
 
     def _check_cancel(self, run_id: str) -> RunView | None:
         """Raise `Cancelled` if a cancel was asked for here, elsewhere, or the deadline
-        passed; else the run as it stands."""
+        passed (the boundary's first gate, looked at between waits too); else the run as
+        it stands."""
         with self.store.connect() as conn:
             row = run_rows.get_run(conn, run_id)
         if row is None:
             return None
         run = RunView.from_row(row)
-        if run.cancel_cause is None and overdue(run):
-            self.cancel(run_id, "timeout")
-            raise Cancelled("timeout")
-        if run.cancel_cause is not None:
-            raise Cancelled(run.cancel_cause)
+        if boundary.stops(run):  # the look only reads; the stop may write (a deadline's)
+            with self.store.begin() as conn:
+                stopped = boundary.stop(conn, run)
+            if stopped is not None:
+                self._stop(run_id, stopped)
         return run
+
+    def _stop(self, run_id: str, stop: boundary.Stop) -> NoReturn:
+        """The run stops at a boundary: raise `Cancelled`. When the boundary recorded the
+        cancel (its deadline passed), what a cancel's wake does follows (`InlineWake`)."""
+        if stop.asked:
+            self.wake.cancelled(run_id, list(stop.asked))
+        raise Cancelled(stop.cause)
 
     def _sleep(self, run_id: str, seconds: float) -> None:
         """Wait before a retry, waking early to stop if the run is cancelled."""
