@@ -379,7 +379,7 @@ def test_a_tool_with_a_queue_of_its_own_runs_on_the_worker_of_that_queue(
 
 def _counting_loops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runs whose loop a pass starts from the beginning (a replay), one entry each."""
-    from agent_jobs.runners.durable import runner as durable
+    from agent_jobs.runners.durable import passes as durable
 
     started: list[str] = []
     run_agent_loop = durable.run_agent_loop

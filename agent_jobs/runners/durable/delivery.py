@@ -1,0 +1,186 @@
+"""A step task's delivery: one remote step carried out, by a task the broker delivered or
+in the chain of the task whose pass kept it back.
+
+The delivery goes through named stages. It takes the step's lease (a kept step's lease
+is the claim its row was written with); reads the row and leaves it alone if it must
+(`refusal`); makes an attempt (capacity for a model call first, then the attempt
+counted, and the step run, or given up on after too many); and hands the step's outcome
+to the pass it wakes, in the same transaction. A step held back for later (`RetryLater`)
+goes back to the broker; the lease is released whatever happens.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ...errors import RetryLater
+from ...leases import Holder
+from ...store import journal as journal_rows
+from ...store import runs as run_rows
+from . import reconcile
+from .running import RUNNING
+from .step_tasks import (
+    Completion,
+    Kept,
+    dead_letter,
+    hold_back,
+    late_delivery,
+    on_own_queue,
+    refusal,
+)
+
+if TYPE_CHECKING:
+    from .runner import DurableRunner
+
+log = logging.getLogger(__name__)
+
+
+class Delivery:
+    """One delivery of `step` of `run_id` by `task` (`kept`: by the pass before, in a
+    chain); `carry_out` says what became of it and gives the step the pass it woke kept."""
+
+    def __init__(
+        self,
+        runner: DurableRunner,
+        run_id: str,
+        step: str,
+        *,
+        task: str,
+        retries: int,
+        kept: Kept | None,
+    ) -> None:
+        self.runner = runner
+        self.run_id = run_id
+        self.step = step
+        self.task = task
+        self.retries = retries  # how often the step was deliberately retried
+        self.kept = kept
+        self.holder = Holder.me() if kept is None else kept.holder
+        self.taken = 0.0  # when the lease was taken (time.monotonic)
+        self.fence: int | None = None  # the step's epoch as this delivery read it
+
+    def carry_out(self, keep: bool) -> tuple[str, Kept | None]:
+        """Take the step's lease and carry the step out under it; with `keep`, the pass
+        its outcome wakes may keep the next step for this task."""
+        runner, run_id, step = self.runner, self.run_id, self.step
+        if runner.before_lease is not None:
+            runner.before_lease(run_id, step)
+        # The lease first, then the step's state: a duplicate that read the state before
+        # the first delivery finished would otherwise run the step again once the lease
+        # is free. A kept step's lease is the claim its row was written with.
+        lease = runner.settings.step_lease
+        if self.kept is None and not runner.leases.take(run_id, step, self.holder, lease):
+            return f"{step} already running", None  # a duplicate delivery
+        self.taken = time.monotonic()
+        try:
+            return self._leased(keep)
+        except RetryLater as later:  # held back (journal.not_before) until it is due
+            if not hold_back(runner.store, later, lease, run_id, step, self.kept, self.fence):
+                return f"{step} no longer this delivery's: not retried from here", None
+            raise
+        finally:
+            self._release()
+
+    def _leased(self, keep: bool) -> tuple[str, Kept | None]:
+        """The step under its lease: its row read, an attempt made, its outcome written by
+        the pass it wakes."""
+        row, refused = self._row()
+        if refused is not None:
+            return refused, None
+        completion = self._attempt(row)
+        if isinstance(completion, str):
+            return completion, None
+        keep = keep and not on_own_queue(row)
+        outcome, following = self.runner._drive(self.run_id, completion, keep=keep)
+        return completion.reported(outcome), following
+
+    # --- the row ---------------------------------------------------------------------
+
+    def _row(self) -> tuple[Any, str | None]:
+        """The step's journal row, and why this delivery must leave it alone (None: it
+        runs). A kept step's row is the one its pass wrote just now, under the run's lock."""
+        runner, run_id, step = self.runner, self.run_id, self.step
+        if self.kept is not None:
+            row, refused = self.kept.row, None
+        else:
+            with runner.store.connect() as conn:  # the model step before, if known here
+                known = functools.partial(runner.journal_cache.last_model, run_id)
+                row = journal_rows.get_with_whole_intent(conn, run_id, step, known)
+            refused = refusal(row, step, self.task)
+        self.fence = getattr(row, "fence", None)
+        if refused is not None and _ended_before_its_run(row):
+            runner._adopt_orphans(run_id)  # this may be the message of a chain that died
+        return row, refused
+
+    # --- the attempt -----------------------------------------------------------------
+
+    def _attempt(self, row: Any) -> Completion | str:
+        """The step's outcome from an attempt at it, or why the delivery ends here. A
+        non-idempotent action whose handler began and whose worker died is never run
+        blindly again: its outcome is settled (or parked until a person says)."""
+        runner, run_id, step = self.runner, self.run_id, self.step
+        if runner.limits is not None:  # no capacity for a model call: Deferred, no attempt
+            runner.limits.admit(row.intent, run_id, step)
+        if self.kept is not None:
+            attempt = 1
+        else:  # a claimed attempt that died was counted in its row, not in Redis
+            attempt = runner.leases.count_attempt(run_id, step, row.attempts)
+        guard = reconcile.guarded(runner.app, row)  # a non-idempotent action's call
+        try:
+            made = self._made(row, attempt, guard)
+        except reconcile.HandlerBegan:
+            assert guard is not None
+            found = reconcile.settle(runner.store, runner.leases, guard)
+            if found is None:  # parked until a person says how it ended
+                return f"{step} outcome unknown; {runner.coordinate(run_id)}"
+            made = Completion(step, "done", found, attempt=attempt)
+        if isinstance(made, str):
+            return made
+        made = replace(made, fence=self.fence)  # written while the step is ours
+        if guard is not None:  # its outcome is known once this is written
+            made = replace(made, call_id=guard.call_id)
+        return made
+
+    def _made(self, row: Any, attempt: int, guard: reconcile.Guarded | None) -> Completion | str:
+        """Attempt `attempt` of the step: run, or given up on (the dead letter) past the
+        attempts it gets; or why the delivery ends here (it came late, or ran over its
+        time limit)."""
+        runner, settings, step = self.runner, self.runner.settings, self.step
+        # Deliberate retries do not count against the attempts a crashing step gets.
+        if attempt > settings.step_max_attempts + self.retries:
+            reconcile.check(runner.store, guard)  # an unknown outcome is not given up
+            return dead_letter(step, attempt)
+        if self.kept is None and (
+            late := late_delivery(runner.store, settings, self.run_id, step, self.fence, self.taken)
+        ):
+            return late
+        reconcile.begin(runner.store, guard)  # committed before the handler runs
+        claimed = self.kept is not None
+        completion = runner._run_step(
+            row, step, self.holder, attempt, self.retries, claimed=claimed
+        )
+        if RUNNING.fenced(self.holder):  # over the hard time limit: sent again
+            return f"{step} given up on: over its time limit"
+        return completion
+
+    def _release(self) -> None:
+        try:
+            if self.kept is None:
+                self.runner.leases.release(self.run_id, self.step, self.holder)
+        except redis.RedisError as exc:  # it expires; the step's outcome is recorded
+            log.warning("could not release the lease of %s/%s: %s", self.run_id, self.step, exc)
+
+
+def _ended_before_its_run(row: Any) -> bool:
+    """Whether the step has ended while its run has not."""
+    return (
+        row is not None
+        and row.state in ("done", "failed")
+        and row.run_status not in run_rows.TERMINAL
+    )
