@@ -39,31 +39,13 @@ def message_problem(headers: Any, payload: Any) -> str | None:
         return "the headers are not an object"
     if "task" not in headers:
         return _protocol1_problem(payload)
-    if not isinstance(headers.get("id"), str) or not headers["id"]:
-        return "the header `id` must be a non-empty string"
-    problem = _header_problem(headers)
-    if problem:
-        return problem
-    if not isinstance(payload, list | tuple) or len(payload) != 3:
-        shape = f"a list of {len(payload)}" if isinstance(payload, list | tuple) else "not a list"
-        return f"the body must be [args, kwargs, embed], not {shape}"
-    args, kwargs, embed = payload
-    if not isinstance(args, list | tuple):
-        return "args must be a list"
-    if not isinstance(kwargs, Mapping):
-        return "kwargs must be an object"
-    if embed is not None:
-        if not isinstance(embed, Mapping):
-            return "embed must be an object or null"
-        for key in _EMBED_LISTS:
-            if embed.get(key) is not None and not isinstance(embed[key], list):
-                return f"embed.{key} must be a list or null"
-        if embed.get("chord") is not None and not isinstance(embed["chord"], Mapping):
-            return "embed.chord must be an object or null"
-    return None
+    return _header_problem(headers) or _body_problem(payload)
 
 
 def _header_problem(headers: Mapping[str, Any]) -> str | None:
+    """What is wrong with protocol 2 headers (`id` first)."""
+    if not isinstance(headers.get("id"), str) or not headers["id"]:
+        return "the header `id` must be a non-empty string"
     limits = headers.get("timelimit")
     if limits is not None and not (
         isinstance(limits, list | tuple)
@@ -77,6 +59,33 @@ def _header_problem(headers: Mapping[str, Any]) -> str | None:
     for key in ("shadow", "root_id", "parent_id", "group", "argsrepr", "kwargsrepr"):
         if headers.get(key) is not None and not isinstance(headers[key], str):
             return f"the header `{key}` must be a string"
+    return None
+
+
+def _body_problem(payload: Any) -> str | None:
+    """What is wrong with a protocol 2 body, `[args, kwargs, embed]`."""
+    if not isinstance(payload, list | tuple) or len(payload) != 3:
+        shape = f"a list of {len(payload)}" if isinstance(payload, list | tuple) else "not a list"
+        return f"the body must be [args, kwargs, embed], not {shape}"
+    args, kwargs, embed = payload
+    if not isinstance(args, list | tuple):
+        return "args must be a list"
+    if not isinstance(kwargs, Mapping):
+        return "kwargs must be an object"
+    return _embed_problem(embed)
+
+
+def _embed_problem(embed: Any) -> str | None:
+    """What is wrong with a body's `embed` (the callbacks, the chain, the chord)."""
+    if embed is None:
+        return None
+    if not isinstance(embed, Mapping):
+        return "embed must be an object or null"
+    for key in _EMBED_LISTS:
+        if embed.get(key) is not None and not isinstance(embed[key], list):
+            return f"embed.{key} must be a list or null"
+    if embed.get("chord") is not None and not isinstance(embed["chord"], Mapping):
+        return "embed.chord must be an object or null"
     return None
 
 

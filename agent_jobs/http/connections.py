@@ -68,22 +68,15 @@ def protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protoc
     the connections held at once."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    class Bounded(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
-        _timer: asyncio.TimerHandle | None = None
-        _awaited: Any = None
+    class Bounded(_HeaderDeadline, AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        _header_timeout = header_timeout
         _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                # Answered at once; what the client sends meanwhile is read and dropped,
-                # and the connection closed a moment later (closed at once with unread
-                # bytes, it would be reset before the client read the answer).
                 self._refused = True
-                transport.write(BUSY_RESPONSE)
-                if transport.can_write_eof():
-                    transport.write_eof()
-                self._timer = self.loop.call_later(REFUSED_LINGER, transport.close)
+                self._timer = _refuse(transport, self.loop)
                 return
             self._arm()
 
@@ -99,25 +92,49 @@ def protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protoc
             self._disarm()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._awaited = self.cycle
-            self._timer = self.loop.call_later(header_timeout, self._late)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _late(self) -> None:
-            """The deadline passed: close, unless a request's headers came meanwhile (its
-            answer, once complete, sets the next deadline)."""
-            self._timer = None
-            cycle = self.cycle
-            if cycle is self._awaited and (cycle is None or cycle.response_complete):
-                self.transport.close()
-
     return Bounded
+
+
+def _refuse(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> asyncio.TimerHandle:
+    """Answer a connection past the cap at once; what the client sends meanwhile is read
+    and dropped, and the connection closed a moment later (closed at once with unread
+    bytes, it would be reset before the client read the answer). Returns the timer that
+    closes it."""
+    transport.write(BUSY_RESPONSE)
+    if transport.can_write_eof():
+        transport.write_eof()
+    return loop.call_later(REFUSED_LINGER, transport.close)
+
+
+class _HeaderDeadline:
+    """A connection's timer, for the protocol `protocol` makes: the deadline of the next
+    request's headers (or, for a refused connection, the moment it is closed)."""
+
+    _header_timeout: float
+    _timer: asyncio.TimerHandle | None = None
+    _awaited: Any = None
+    # Uvicorn's protocol's.
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._awaited = self.cycle
+        self._timer = self.loop.call_later(self._header_timeout, self._late)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _late(self) -> None:
+        """The deadline passed: close, unless a request's headers came meanwhile (its
+        answer, once complete, sets the next deadline)."""
+        self._timer = None
+        cycle = self.cycle
+        if cycle is self._awaited and (cycle is None or cycle.response_complete):
+            self.transport.close()
 
 
 class QuietRepeats:

@@ -52,44 +52,9 @@ async def from_thread(
     Leaving the iteration (the client went away, the task was cancelled) sets `stop`;
     `produce` must end soon after it is set. An exception in `produce` is raised here.
     """
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(QUEUE_SIZE)
-    stop = threading.Event()
-
-    def hand(kind: int, value: Any) -> bool:
-        """Put an item on the loop's queue, waiting while it is full; False once the
-        reader is gone."""
-        try:
-            future = asyncio.run_coroutine_threadsafe(queue.put((kind, value)), loop)
-        except RuntimeError:  # the loop has closed
-            return False
-        while True:
-            try:
-                future.result(timeout=0.25)
-                return True
-            except concurrent.futures.TimeoutError:
-                if stop.is_set():
-                    future.cancel()
-                    return False
-            except concurrent.futures.CancelledError:
-                return False
-
-    def pump() -> None:
-        items: Iterator[T] | None = None
-        try:
-            items = produce(stop)
-            for item in items:
-                if stop.is_set() or not hand(_ITEM, item):
-                    return
-            hand(_END, None)
-        except Exception as exc:
-            hand(_FAILED, exc)
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()  # a generator's `finally` (its Redis connection) runs here, now
-
-    threading.Thread(target=pump, name="event-stream", daemon=True).start()
+    handoff = _Handoff(asyncio.get_running_loop(), queue)
+    threading.Thread(target=handoff.pump, args=(produce,), name="event-stream", daemon=True).start()
     try:
         while True:
             try:
@@ -103,4 +68,47 @@ async def from_thread(
                 raise value
             yield value
     finally:
-        stop.set()
+        handoff.stop.set()
+
+
+class _Handoff:
+    """The reading thread's side of `from_thread`: it runs the producer and puts what it
+    yields, its end or its failure on the loop's queue, until `stop` is set."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+        self.loop = loop
+        self.queue = queue
+        self.stop = threading.Event()
+
+    def pump(self, produce: Callable[[threading.Event], Iterator[Any]]) -> None:
+        items: Iterator[Any] | None = None
+        try:
+            items = produce(self.stop)
+            for item in items:
+                if self.stop.is_set() or not self.hand(_ITEM, item):
+                    return
+            self.hand(_END, None)
+        except Exception as exc:
+            self.hand(_FAILED, exc)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a generator's `finally` (its Redis connection) runs here, now
+
+    def hand(self, kind: int, value: Any) -> bool:
+        """Put an item on the loop's queue, waiting while it is full; False once the
+        reader is gone."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(self.queue.put((kind, value)), self.loop)
+        except RuntimeError:  # the loop has closed
+            return False
+        while True:
+            try:
+                future.result(timeout=0.25)
+                return True
+            except concurrent.futures.TimeoutError:
+                if self.stop.is_set():
+                    future.cancel()
+                    return False
+            except concurrent.futures.CancelledError:
+                return False

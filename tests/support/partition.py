@@ -398,6 +398,39 @@ class Findings:
 def findings(made: Lab) -> Findings:
     """What the partition cost, from the app's records, the journal and the cuts."""
     steps = made.executions()
+    finished, statuses = _journal(made)
+    two_live = across = again = 0
+    at_cuts = _AtCuts()
+    for (run_id, key), runs in steps.items():
+        live, cut = _overlapping(made, runs)
+        two_live, across = two_live + live, across + cut
+        done_at = finished.get((run_id, key))
+        if done_at is not None:
+            again += sum(1 for e in runs if e.begin > done_at)
+        at_cuts.add(made, key, runs)
+    twice = sum(1 for k in _ship_keys(made) if len(steps.get(k, [])) > 1)
+    lost_runs = [r for r in made.sent if statuses.get(r) is None]
+    completed = sum(1 for r in made.sent if statuses.get(r) == "completed")
+    return Findings(
+        runs_sent=len(made.sent),
+        runs_lost=len(lost_runs),
+        runs_completed=completed,
+        steps_on_a_at_cuts=at_cuts.in_flight,
+        two_live_at_once=two_live,
+        again_across_a_cut=across,
+        finished_again=again,
+        actions_twice=twice,
+        outcome_unknown=len(made.reconciled),
+        takeovers=at_cuts.takeovers,
+        detail=at_cuts.detail,
+        longest_healthy_silence=max(made.silences.values(), default=0.0),
+        reconnects=made.reconnects(),
+        healthy_taken=len(made.taken_b),
+    )
+
+
+def _journal(made: Lab) -> tuple[dict[tuple[str, str], float], dict[str, str]]:
+    """When each step finished, by (run, key), and each run's status, from the database."""
     store = Store.from_url(made.here_url)
     try:
         finished: dict[tuple[str, str], float] = {}
@@ -411,24 +444,39 @@ def findings(made: Lab) -> Findings:
                 statuses[run_id] = status
     finally:
         store.engine.dispose()
+    return finished, statuses
 
-    def cut_during(e: Execution) -> bool:
-        end = e.end if e.end is not None else float("inf")
-        return e.host == HOST_A and any(c.at < end and e.begin < c.healed + 1 for c in made.cuts)
 
-    two_live = across = again = twice = in_flight = 0
-    takeovers: list[float] = []
-    detail: list[str] = []
-    for (run_id, key), runs in steps.items():
-        pairs = [(x, y) for i, x in enumerate(runs) for y in runs[i + 1 :] if x.overlaps(y)]
-        for x, y in pairs:
-            if cut_during(x) or cut_during(y):
+def _overlapping(made: Lab, runs: list[Execution]) -> tuple[int, int]:
+    """The pairs of a step's executions that overlap: (by two live workers, across a cut
+    of host A)."""
+    live = across = 0
+    for i, x in enumerate(runs):
+        for y in runs[i + 1 :]:
+            if not x.overlaps(y):
+                continue
+            if _cut_during(made, x) or _cut_during(made, y):
                 across += 1
             else:
-                two_live += 1
-        done_at = finished.get((run_id, key))
-        if done_at is not None:
-            again += sum(1 for e in runs if e.begin > done_at)
+                live += 1
+    return live, across
+
+
+def _cut_during(made: Lab, e: Execution) -> bool:
+    end = e.end if e.end is not None else float("inf")
+    return e.host == HOST_A and any(c.at < end and e.begin < c.healed + 1 for c in made.cuts)
+
+
+@dataclass
+class _AtCuts:
+    """The steps in flight on host A at each cut long enough to take it for dead, and how
+    long until another host took each over."""
+
+    in_flight: int = 0
+    takeovers: list[float] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)
+
+    def add(self, made: Lab, key: str, runs: list[Execution]) -> None:
         for cut in made.cuts:
             if cut.healed - cut.at < TAKEN_AFTER:
                 continue  # a blip: nobody takes a host back within it
@@ -442,37 +490,15 @@ def findings(made: Lab) -> Findings:
             ]
             if not cut_off:
                 continue
-            in_flight += 1
+            self.in_flight += 1
             later = [e.begin for e in runs if e.host != HOST_A and e.begin > cut.at]
             if later:
-                takeovers.append(min(later) - cut.at)
+                self.takeovers.append(min(later) - cut.at)
             was = [
                 (round(e.begin - cut.at, 1), e.end and round(e.end - cut.at, 1)) for e in cut_off
             ]
             then = [(e.host, round(e.begin - cut.at, 1)) for e in runs if e.begin > cut.at]
-            detail.append(f"{cut.how} {key}: on A {was}, then {then}")
-    ships = _ship_keys(made)
-    for key_runs in (steps.get(k, []) for k in ships):
-        if len(key_runs) > 1:
-            twice += 1
-    lost_runs = [r for r in made.sent if statuses.get(r) is None]
-    completed = sum(1 for r in made.sent if statuses.get(r) == "completed")
-    return Findings(
-        runs_sent=len(made.sent),
-        runs_lost=len(lost_runs),
-        runs_completed=completed,
-        steps_on_a_at_cuts=in_flight,
-        two_live_at_once=two_live,
-        again_across_a_cut=across,
-        finished_again=again,
-        actions_twice=twice,
-        outcome_unknown=len(made.reconciled),
-        takeovers=takeovers,
-        detail=detail,
-        longest_healthy_silence=max(made.silences.values(), default=0.0),
-        reconnects=made.reconnects(),
-        healthy_taken=len(made.taken_b),
-    )
+            self.detail.append(f"{cut.how} {key}: on A {was}, then {then}")
 
 
 def _ship_keys(made: Lab) -> list[tuple[str, str]]:
