@@ -70,7 +70,7 @@ def local_step(env: StepEnv, run: RunView, step: str, started_ns: int) -> None:
 
 
 def completed(env: StepEnv, run: RunView, completion: Any) -> None:
-    """A remote step's outcome (runners/step_tasks.Completion), written by the pass of
+    """A remote step's outcome (runners/durable/completion.py), written by the pass of
     `env`: the step's time from its start to its outcome, its retries, a dead letter."""
     if not on():
         return

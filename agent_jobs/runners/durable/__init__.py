@@ -9,9 +9,9 @@ through `agent_jobs.runners`. The modules inside are private to the wing.
 from .liveness import Liveness
 from .recovery import give_up, recover_process
 from .replay import DurableHooks
+from .report import StepOutcome, summary, where
 from .runner import DurableRunner
 from .running import RUNNING, Running
-from .step_tasks import StepOutcome, summary, where
 from .wake import DurableWake
 
 __all__ = [

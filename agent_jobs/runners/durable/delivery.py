@@ -1,5 +1,6 @@
 """A step task's delivery: one remote step carried out, by a task the broker delivered or
-in the chain of the task whose pass kept it back.
+in the chain of the task whose pass kept it back; and when a delivery must leave the
+step's row alone, has come too late to call anything, or holds the step back for later.
 
 The delivery goes through named stages. It takes the step's lease (a kept step's lease
 is the claim its row was written with); reads the row and leaves it alone if it must
@@ -15,25 +16,28 @@ import functools
 import logging
 import time
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ...errors import RetryLater
+from ...errors import Deferred, RetryLater
 from ...leases import Holder
+from ...settings import Settings
+from ...steps import parse_intent
+from ...store import Store
+from ...store import events as event_rows
+from ...store import holds as hold_rows
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
+from ...store.db import utcnow
+from ...store.holds import IN_FLIGHT
 from . import reconcile
+from .completion import Completion, dead_letter
+from .kept import Kept, on_own_queue
+from .liveness import QUICK_SHARE
+from .replay import task_for
 from .running import RUNNING
-from .step_tasks import (
-    Completion,
-    Kept,
-    dead_letter,
-    hold_back,
-    late_delivery,
-    on_own_queue,
-    refusal,
-)
 
 if TYPE_CHECKING:
     from .runner import DurableRunner
@@ -184,3 +188,93 @@ def _ended_before_its_run(row: Any) -> bool:
         and row.state in ("done", "failed")
         and row.run_status not in run_rows.TERMINAL
     )
+
+
+def refusal(row: Any, step: str, task: str) -> str | None:
+    """Why a delivered step task must leave this journal row alone, or None to run it."""
+    if row is None:
+        return f"unknown step {step}"
+    if row.run_status in run_rows.TERMINAL:
+        return f"run already {row.run_status}"
+    if row.run_status == "paused":  # no step runs while it is; a resume sends it again
+        return "run paused"
+    if row.state in ("done", "failed"):
+        return f"{step} already {row.state}"
+    if row.state not in IN_FLIGHT:
+        return f"{step} is {row.state}, not a remote step"
+    try:
+        kind = task_for(parse_intent(row.intent))
+    except (TypeError, ValueError):
+        return f"{step} is not a remote step"
+    if kind != task:
+        return f"{step} is carried out by {kind}, not {task}"
+    if _claimed(row):
+        return f"{step} already running"  # in the chain of the task that kept it
+    return None
+
+
+def _claimed(row: Any) -> bool:
+    """Whether the step's row is claimed by a process that may still be running it (the
+    pass that scheduled it claimed it, and the claim has neither lapsed nor lost its
+    holder)."""
+    if row.holder is None or row.lease_until is None or row.lease_until <= utcnow():
+        return False
+    holder = Holder.parse(row.holder)
+    return holder is None or not holder.gone()
+
+
+def late_delivery(
+    store: Store, settings: Settings, run_id: str, step: str, fence: int | None, taken: float
+) -> str | None:
+    """Why a delivery that took long to get here since it took the step's lease at
+    `taken` (its row read, its attempt counted: calls that may have hung through a
+    network cut and come back with what was true before it) must not call anything after
+    all: the step finished meanwhile, or was let go of and sent again (its epoch moved on
+    from `fence`). None to go on. A quick delivery needs no second look: nobody takes a
+    step from a process that beats."""
+    if time.monotonic() - taken < settings.process_timeout * QUICK_SHARE:
+        return None
+    with store.connect() as conn:
+        row = journal_rows.get(conn, run_id, step)
+    if row is None or row.state not in IN_FLIGHT:
+        state = "gone" if row is None else row.state
+        log.warning("step %s of run %s was delivered late: already %s", step, run_id, state)
+        return f"{step} already {state}"
+    if fence is not None and row.fence != fence:
+        log.warning("step %s of run %s was delivered late: sent again since", step, run_id)
+        return f"{step} sent again since this delivery took it"
+    return None
+
+
+def hold_back(
+    store: Store,
+    later: RetryLater,
+    lease: float,
+    run_id: str,
+    step: str,
+    kept: Kept | None,
+    fence: int | None = None,
+) -> bool:
+    """The step goes back to the broker for `later.delay` seconds: recovery and the sweep
+    leave it alone until then (`journal.not_before`), with the event saying why. A step
+    deferred for capacity made no attempt: the claim of a step a pass `kept`, which
+    counted one, is given back first. False, and nothing written, when the step is no
+    longer this delivery's (its epoch moved on from `fence`): it must not be sent again."""
+    try:
+        with store.begin() as conn:
+            if kept is not None and isinstance(later, Deferred):
+                hold_rows.unclaim(conn, run_id, step, str(kept.holder))
+            not_before = utcnow() + timedelta(seconds=later.delay)
+            if not hold_rows.hold(
+                conn, run_id, step, not_before=not_before, lease=lease, fence=fence
+            ):
+                raise _NotOurs  # rolls back what this transaction wrote
+            if later.event is not None:
+                event_rows.append(conn, [later.event])
+    except _NotOurs:
+        return False
+    return True
+
+
+class _NotOurs(Exception):
+    """The step's epoch moved on: this delivery writes nothing."""

@@ -118,7 +118,7 @@ class Read:
 
 def lock_and_read(cache: JournalCache, conn: Any, run_id: str, completion: Any | None) -> Read:
     """The run's row, locked, and its journal with a step's `completion` written first
-    (runners/step_tasks.Completion), in one round trip: the final rows `cache` knows, and
+    (runners/durable/completion.py), in one round trip: the final rows `cache` knows, and
     from the database only the rows after them."""
 
     outcome = None if completion is None else {"step": completion.step, **completion.outcome}

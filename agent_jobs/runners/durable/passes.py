@@ -25,6 +25,7 @@ from ...loop import run_agent_loop
 from ...store import RunView
 from ...store import journal as journal_rows
 from ...store.db import utcnow
+from ...store.holds import IN_FLIGHT
 from ...streams.base import RunStream
 from .. import boundary
 from ..turn import (
@@ -37,8 +38,9 @@ from ..turn import (
     turn_for,
 )
 from . import journal_cache
+from .completion import Completion
+from .kept import Kept, claim
 from .replay import DurableHooks, drive, hooks_for
-from .step_tasks import IN_FLIGHT, Completion, Kept, claim
 
 if TYPE_CHECKING:
     from .runner import DurableRunner

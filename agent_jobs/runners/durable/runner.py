@@ -42,19 +42,14 @@ from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import RunStream, StreamBackend
 from . import journal_cache, recovery
+from .completion import Completion, model_failed
 from .delivery import Delivery
+from .kept import Kept, give_back
 from .liveness import Liveness, working_on
 from .passes import Pass
 from .replay import sent_as
+from .report import EagerEvents, quiet_events
 from .running import RUNNING, Running, heartbeat
-from .step_tasks import (
-    Completion,
-    EagerEvents,
-    Kept,
-    give_back,
-    model_failed,
-    quiet_events,
-)
 from .sticky import StickyLoops
 
 log = logging.getLogger(__name__)
