@@ -18,7 +18,7 @@ from tests.support.apps.concurrency import app
 
 def _verdict(store: Store, run_id: str, **kwargs: bool) -> boundary.Verdict:
     with store.begin() as conn:
-        run = RunView.from_row(run_rows.get_run(conn, run_id, for_update=True))
+        run = RunView.from_row(run_rows.lock_run(conn, run_id))
         env = StepEnv(app=app, stream=RunStream(MemoryStreams(), run.root_run_id, run_id))
         return boundary.decide(conn, env, app, run, (), **kwargs)
 
@@ -68,7 +68,7 @@ def test_a_run_past_its_deadline_is_stopped_and_its_cancel_recorded(store: Store
     running = _running(store)
     assert _verdict(store, running) == boundary.Go()
     with store.begin() as conn:
-        run = RunView.from_row(run_rows.get_run(conn, running, for_update=True))
+        run = RunView.from_row(run_rows.lock_run(conn, running))
         late = run.model_copy(update={"deadline": utcnow() - timedelta(seconds=1)})
         assert boundary.stops(late) and not boundary.quiet(late)
         assert boundary.stop(conn, late) == boundary.Stop("timeout", (running,))

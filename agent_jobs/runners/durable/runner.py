@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ... import diagnostics, observe
+from ... import observe
 from ...app import AgentApp
 from ...dispatch import Dispatcher, ResendingDispatcher
 from ...errors import AgentJobsError, ModelError, RetryLater
@@ -92,7 +92,6 @@ class DurableRunner:
         self.loops = StickyLoops(256 if settings.sticky_loops else 0, settings.sticky_idle)
         # A worker's: this process's beat, so another recovers its runs if it dies.
         self.liveness: Liveness | None = None
-        diagnostics.set_enabled(settings.diagnostics)
 
     # --- starting ----------------------------------------------------------------------
 
