@@ -12,7 +12,7 @@ it), and these modules, which users import directly:
 - `agent_jobs.session`: folds over a thread's events (`fold_consumed_work`);
 - `agent_jobs.startup`: `start(store, settings)`, what a process that drives runs starts
   beside its work (notifications, diagnostics, tracing);
-- `agent_jobs.prestep` and `agent_jobs.retry`: the types of `@app.before_step`
+- `agent_jobs.prestep` and `agent_jobs.request_errors`: the types of `@app.before_step`
   listeners (`PreStepDecision`) and `@app.on_request_error` middlewares.
 
 Every other module (the runners' internals, the store, the executor, the CLI, the

@@ -12,7 +12,7 @@ from .history import SlidingWindowHistory
 from .messages import ModelSettings, ToolSpec
 from .models.base import Model
 from .prestep import PreStepListener
-from .retry import RequestErrorMiddleware
+from .request_errors import RequestErrorMiddleware
 from .tools import OnTimeout, Reconciler, Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -229,7 +229,7 @@ class AgentApp:
         return listener
 
     def on_request_error(self, middleware: RequestErrorMiddlewareT) -> RequestErrorMiddlewareT:
-        """Add a middleware to the request-error waterfall (see `agent_jobs.retry`)."""
+        """Add a middleware to the request-error waterfall (see `agent_jobs.request_errors`)."""
         self.request_error_chain.append(middleware)
         return middleware
 

@@ -13,11 +13,11 @@ from typing import Any, Literal
 from . import controls, session, startup
 from .admission import IfBusy
 from .app import AgentApp
+from .approvals.reconcile import Outcome, Reconciliation
 from .commands import Commands
 from .dispatch import CeleryDispatcher, celery_client
 from .errors import UnknownRunError
 from .loading import load_app
-from .reconciliation import Outcome, Reconciliation
 from .runners import DurableWake
 from .runs import RunRequest
 from .settings import Settings, get_settings

@@ -22,9 +22,9 @@ from typing import Any, Literal, Protocol
 
 from . import controls, session
 from .app import AgentApp
+from .approvals.reconcile import Reconciliation, Recorded, record_reconciliation
 from .approvals.record import record_answers, record_decision
 from .checkpoints import Decision
-from .reconciliation import Reconciliation, Recorded, record_reconciliation
 from .runs import RunRequest, admit, post_message
 from .store import Store
 from .store.runs import RunStatus

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
-from . import diagnostics, observe, prestep, session
+from . import prestep, session
 from .app import AgentApp, AgentSpec
 from .checkpoints import (
     CallVerdict,
@@ -33,6 +33,7 @@ from .checkpoints import (
 from .errors import ModelError, ToolError
 from .messages import Message, ModelRequest, ModelResponse, ModelSettings
 from .models.base import Model
+from .observability import diagnostics, observe
 from .steps import (
     Intent,
     InvokeTool,
@@ -70,7 +71,7 @@ class StepEnv:
     events: list[event_rows.PendingEvent] = field(default_factory=list)
     # The thread's inbox events (session.INBOX), read with the pass's first statement.
     inbox: list[Any] | None = None
-    # Metrics and spans of what the caller's transaction records (agent_jobs.observe):
+    # Metrics and spans of what the caller's transaction records (agent_jobs.observability.observe):
     # reported by `flush`, once it has committed.
     committed: list[Callable[[], None]] = field(default_factory=list)
     # The provider rate limits a model step's call is under (agent_jobs/ratelimits): a

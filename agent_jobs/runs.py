@@ -14,10 +14,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import Connection
 
-from . import admission, session, tracing
+from . import admission, session
 from .admission import IfBusy
 from .app import AgentApp
 from .errors import InvalidRequestError
+from .observability import tracing
 from .processes import this_process
 from .store import RunView, Store, threads
 from .store import events as event_rows
@@ -199,7 +200,8 @@ def create_run(
     its concurrency key the run's. A top-level run on a thread whose turn has not ended,
     or with a key, is written `queued` whatever `status` says: it begins once admitted
     (agent_jobs/admission.py). With tracing on, the run keeps `trace_context` (a run it
-    follows from), else the current one, else a root of its own (agent_jobs/tracing.py).
+    follows from), else the current one, else a root of its own
+    (agent_jobs/observability/tracing.py).
     """
     thread_id = request.thread_id or run_id
     fresh = threads.ensure_thread(conn, thread_id)

@@ -150,7 +150,7 @@ class Settings(SettingsBase):
     notify_poll_interval: float = Field(default=1.0, gt=0)  # looks for others' rows
     notify_retention: float = Field(default=7 * 86400.0, gt=0)  # delivered rows kept
 
-    # Metrics and traces (agent_jobs/metrics.py, agent_jobs/tracing.py): off by default.
+    # Metrics and traces (agent_jobs/observability/: metrics.py, tracing.py): off by default.
     # Set, workers, the approvals listener and `serve` serve Prometheus metrics on this
     # port, at `metrics_addr`; a scrape then needs `Authorization: Bearer <metrics_token>`
     # when the token is set, and an address other than loopback needs the token.

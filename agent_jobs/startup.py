@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import redis
 
-from . import diagnostics, metrics, tracing
 from .notify.sender import start_sender
 from .notify.webhook import check as check_webhook
+from .observability import diagnostics, metrics, tracing
 from .settings import Settings
 from .store import Store
 

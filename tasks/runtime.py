@@ -24,11 +24,12 @@ from celery.signals import (
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from agent_jobs import metrics, scrape, startup, tracing
+from agent_jobs import startup
 from agent_jobs.dispatch import START_RUN, CeleryDispatcher
 from agent_jobs.errors import ConfigurationError
 from agent_jobs.leases import Leases, beat_client
 from agent_jobs.loading import load_app
+from agent_jobs.observability import metrics, scrape, tracing
 from agent_jobs.runners.durable import DurableRunner, Liveness, give_up, recover_process
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.store import Store
@@ -113,7 +114,7 @@ def _note_pool(sender: object = None, **_: object) -> None:
     _pool = (name, int(getattr(sender, "concurrency", 0) or 0))
 
 
-# Metrics and traces, as the settings say (agent_jobs/metrics.py, agent_jobs/tracing.py).
+# Metrics and traces, as the settings say (agent_jobs/observability/).
 _metrics_dir: str | None = None  # the prefork worker's own directory, removed as it stops
 
 

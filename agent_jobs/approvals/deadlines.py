@@ -23,10 +23,10 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
-from .. import observe
 from ..app import AgentApp
 from ..checkpoints import Decision
 from ..messages import args_sha256
+from ..observability import observe
 from ..store import Store, journal, runs, toolcalls
 from ..store.db import utcnow
 from ..tools import Tool

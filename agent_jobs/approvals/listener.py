@@ -33,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .. import checkpoints as names
-from .. import metrics, startup
+from .. import startup
 from ..client import Client
 from ..errors import (
     ConfigurationError,
@@ -43,6 +43,7 @@ from ..errors import (
     UnknownRunError,
 )
 from ..logs import log_context
+from ..observability import metrics
 from ..settings import Settings, SettingsBase, get_settings
 from .messages import DEFAULT_MAX_BYTES, AnswersMessage, Refused, parse_message
 from .stream import ApprovalsStream, Entry

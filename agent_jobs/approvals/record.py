@@ -8,7 +8,6 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
-from .. import observe
 from ..app import AgentApp
 from ..checkpoints import Decision
 from ..errors import (
@@ -23,6 +22,7 @@ from ..errors import (
     UnknownRunError,
 )
 from ..messages import args_sha256
+from ..observability import observe
 from ..store import journal, questions, runs, toolcalls
 from ..store.db import contains_nul
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from .. import client
-from ..reconciliation import Outcome
+from ..approvals.reconcile import Outcome
 from .common import fail, handle_errors, out
 from .text import visible
 

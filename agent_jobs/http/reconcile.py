@@ -3,7 +3,7 @@
 A non-idempotent action whose worker died while its handler ran is not run again; its run
 waits, `awaiting_reconcile`, with an `outcome_unknown` frame. Who may decide: the tool's
 approvers (as for its approval) and `service` actors, among those who may read the run.
-The command (`agent_jobs.commands`, `agent_jobs.reconciliation`) checks it under the
+The command (`agent_jobs.commands`, `agent_jobs.approvals.reconcile`) checks it under the
 run's lock; what it refuses is answered by its type (http/errors.py).
 """
 
@@ -14,8 +14,8 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..approvals.reconcile import MAX_ERROR, Reconciliation
 from ..errors import InvalidRequestError
-from ..reconciliation import MAX_ERROR, Reconciliation
 from .access import readable_run
 from .auth import CallerDep
 from .bodies import Recorded

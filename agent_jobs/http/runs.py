@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from .. import metrics, tracing
 from ..documents import run_document
 from ..errors import (
     ConfigurationError,
@@ -21,6 +20,7 @@ from ..errors import (
     UnknownRunError,
     UnknownThreadError,
 )
+from ..observability import metrics, tracing
 from ..runs import RunRequest
 from ..session import ModelSelection
 from ..store import RunView, places

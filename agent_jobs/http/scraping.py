@@ -1,6 +1,6 @@
-"""`GET /metrics` of `agent-jobs serve`: the server's Prometheus metrics (agent_jobs/metrics.py),
-when `AGENT_JOBS_METRICS_PORT` turned them on, for a scraper that reaches the API and not
-the metrics port."""
+"""`GET /metrics` of `agent-jobs serve`: the server's Prometheus metrics
+(agent_jobs/observability/metrics.py), when `AGENT_JOBS_METRICS_PORT` turned them on, for
+a scraper that reaches the API and not the metrics port."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import hmac
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from .. import metrics
+from ..observability import metrics
 from .auth import authenticate, bearer_token
 from .errors import ERROR_RESPONSES, NotFoundError
 from .state import server

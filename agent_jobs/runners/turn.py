@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from .. import admission, controls, diagnostics, observe, session, tracing
+from .. import admission, controls, session
 from .. import checkpoints as names
 from ..app import AgentApp
 from ..checkpoints import DelegationOutcome
@@ -18,7 +18,8 @@ from ..executor import StepEnv
 from ..hooks import Delegation
 from ..loop import LoopDeps, TurnInput
 from ..messages import Usage
-from ..retry import RequestErrorAction, RequestErrorPayload, resolve
+from ..observability import diagnostics, observe, tracing
+from ..request_errors import RequestErrorAction, RequestErrorPayload, resolve
 from ..runs import RunRequest, create_run, start_next_turn
 from ..settings import Settings
 from ..store import RunView

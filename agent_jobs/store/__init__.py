@@ -43,7 +43,7 @@ class RunView(BaseModel):
     depth: int = 0
     day: str
     metadata: dict[str, Any] = {}
-    # Where the run's steps' spans hang (agent_jobs/tracing.py); not part of its status.
+    # Where the run's steps' spans hang (observability/tracing.py); not part of its status.
     trace_context: dict[str, str] | None = Field(default=None, exclude=True)
     created_at: datetime
     updated_at: datetime

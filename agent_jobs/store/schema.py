@@ -74,7 +74,8 @@ runs = Table(
     # agent's `max_concurrent` runs of one key run at once; the rest stay queued, in order.
     Column("concurrency_key", String(300), nullable=True),
     # The W3C trace context (`traceparent`, `tracestate`) the run was started in: each of
-    # its steps is a span parented on it (agent_jobs/tracing.py). Null when tracing is off.
+    # its steps is a span parented on it (agent_jobs/observability/tracing.py). Null when
+    # tracing is off.
     Column("trace_context", Json, nullable=True),
     # The process that drives an inline run (its host, pid and start): a run left
     # unfinished by a process that is gone is ended by the next one that meets it

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import update
 
 from agent_jobs import AgentApp, InlineRunner, ScriptedModel
+from agent_jobs.approvals.reconcile import Reconciliation, may_reconcile
 from agent_jobs.client import Client
 from agent_jobs.errors import ConfigurationError, InvalidRequestError, ReconcileRefusedError
-from agent_jobs.reconciliation import Reconciliation, may_reconcile
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store, journal, outcomes, runs, toolcalls
 from agent_jobs.store.db import utcnow

@@ -19,8 +19,8 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent_jobs import scrape
 from agent_jobs.errors import ConfigurationError
+from agent_jobs.observability import scrape
 from agent_jobs.settings import Settings
 from tests.support.cluster import Cluster
 from tests.support.doors import SECRET, approval, signed, wait_for
@@ -205,7 +205,7 @@ def test_a_worker_with_the_port_set_and_no_extra_stops_with_one_line(
 
 
 def test_the_port_refuses_to_listen_beyond_loopback_without_a_token() -> None:
-    from agent_jobs import metrics
+    from agent_jobs.observability import metrics
 
     settings = Settings(metrics_port=free_port(), metrics_addr="0.0.0.0")
     with pytest.raises(ConfigurationError, match="AGENT_JOBS_METRICS_TOKEN"):

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent_jobs import InlineRunner, Store, diagnostics
+from agent_jobs import InlineRunner, Store
 from agent_jobs.leases import Leases
+from agent_jobs.observability import diagnostics
 from agent_jobs.runners.durable.runner import DurableRunner
 from agent_jobs.runs import RunRequest
 from agent_jobs.settings import Settings

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent_jobs import AgentApp, InlineRunner, ScriptedModel, Store, diagnostics, startup
+from agent_jobs import AgentApp, InlineRunner, ScriptedModel, Store, startup
 from agent_jobs.errors import DecisionRefusedError, UnknownAgentError, UnknownCallError
+from agent_jobs.observability import diagnostics
 from agent_jobs.settings import Settings
 from agent_jobs.streams.base import Frame
 from tests.support.builders import RecordingModel, support_app

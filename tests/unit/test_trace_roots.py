@@ -1,7 +1,7 @@
-"""Which trace a run joins (agent_jobs/tracing.py): the caller's, named by a `traceparent`
-it sent, or a root `run` of its own — never the span of the server's own request. A run
-started over HTTP with no trace context hung on the request span an ASGI instrumentation
-had made current."""
+"""Which trace a run joins (agent_jobs/observability/tracing.py): the caller's, named by a
+`traceparent` it sent, or a root `run` of its own — never the span of the server's own
+request. A run started over HTTP with no trace context hung on the request span an ASGI
+instrumentation had made current."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agent_jobs import tracing
+from agent_jobs.observability import tracing
 
 CALLER = "0af7651916cd43dd8448eb211c80319c"
 

@@ -11,10 +11,10 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from ... import observe
 from ...app import AgentApp
 from ...errors import ModelError, RetryLater
 from ...executor import StepEnv
+from ...observability import observe
 from ...settings import Settings
 from ...store import RunView, outcomes
 from ...store import events as event_rows

@@ -7,7 +7,7 @@ comes back (a task message handed back, a dead worker's steps sent again, the sw
 hard time limit given up on). The delivery that finds it does not run the handler again:
 it asks the tool's `reconcile(ctx)` for the result, and failing that parks the run,
 `awaiting_reconcile`, its `tool:<call_id>` row `waiting` (so no recovery path sends it
-again), until a person records how it ended (`agent_jobs/reconciliation.py`).
+again), until a person records how it ended (`agent_jobs/approvals/reconcile.py`).
 
 The pass that finds the row waiting parks the run and streams the wait's frames
 (`waits.outcome_unknown`); the pass that finds it settled says the run goes on.

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
-from ... import observe
 from ...approvals import deadlines
 from ...checkpoints import Decision, DelegationOutcome
 from ...dispatch import INVOKE_TOOL, MODEL_TURN
@@ -34,6 +33,7 @@ from ...hooks import (
     StepCall,
     settle,
 )
+from ...observability import observe
 from ...steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
 from ...store import RunView, model_requests
 from ...store import journal as journal_rows

@@ -25,13 +25,13 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ... import observe
 from ...app import AgentApp
 from ...dispatch import Dispatcher, ResendingDispatcher
 from ...errors import AgentJobsError, ModelError, RetryLater
 from ...executor import StepEnv, execute_remote
 from ...leases import Holder, Leases
 from ...logs import log_context
+from ...observability import observe
 from ...ratelimits.gate import ModelGate
 from ...runs import RunRequest, admit
 from ...settings import Settings

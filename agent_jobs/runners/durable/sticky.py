@@ -37,7 +37,7 @@ import greenlet
 from ...errors import Suspend
 
 
-class Abandoned(BaseException):
+class LetGo(BaseException):
     """Unwinds a parked loop that is let go of (no `settle` catches it)."""
 
 
@@ -85,7 +85,7 @@ class ParkedLoop:
         loop, self._loop = self._loop, None
         if self._state == "parked" and loop is not None and self.thread == threading.get_ident():
             loop.parent = greenlet.getcurrent()
-            loop.throw(Abandoned)
+            loop.throw(LetGo)
         self._state = "abandoned"
 
     def _switch(self, *args: Any) -> Any:
@@ -105,7 +105,7 @@ class ParkedLoop:
 
     def park(self, signal: Suspend) -> None:
         """Called by the loop where a pass suspends: back to the pass, until the next
-        pass switches here again (or `Abandoned` is thrown in)."""
+        pass switches here again (or `LetGo` is thrown in)."""
         back = greenlet.getcurrent().parent
         assert back is not None  # the pass that switched to it
         self._state = "parked"
@@ -115,7 +115,7 @@ class ParkedLoop:
     def _main(self, body: Callable[[], Any]) -> tuple[str, Any]:
         try:
             outcome: tuple[str, Any] = ("result", body())
-        except (Abandoned, greenlet.GreenletExit):
+        except (LetGo, greenlet.GreenletExit):
             self._state = "abandoned"
             return ("abandoned", None)
         except BaseException as exc:  # handed to the pass, which raises it

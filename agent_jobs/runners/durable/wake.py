@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from ... import controls
+from ...approvals.reconcile import Recorded
 from ...dispatch import BROKER_ERRORS, CeleryDispatcher
 from ...errors import ConfigurationError
-from ...reconciliation import Recorded
 from ...runs import RunRequest
 from ...store import Store
 from ...store import journal as journal_rows

@@ -22,9 +22,10 @@ from typing import Any, Literal, NoReturn, TypeVar
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
-from ... import observe, session
+from ... import session
 from ...admission import IfBusy
 from ...app import AgentApp
+from ...approvals.reconcile import Reconciliation
 from ...checkpoints import DelegationOutcome
 from ...commands import Commands
 from ...errors import AgentJobsError, Cancelled, ModelError
@@ -39,9 +40,9 @@ from ...hooks import (
 )
 from ...loop import run_agent_loop
 from ...notify.webhook import check as check_webhook
+from ...observability import observe
 from ...processes import this_process
 from ...ratelimits.gate import ModelGate
-from ...reconciliation import Reconciliation
 from ...runs import RunRequest
 from ...settings import Settings, get_settings
 from ...steps import ModelTurn, dump

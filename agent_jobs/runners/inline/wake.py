@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...approvals.reconcile import Recorded
 from ...errors import TooManyRunsError
-from ...reconciliation import Recorded
 from ...runs import RunRequest
 from ...store import runs as run_rows
 from ...store.runs import RunStatus

@@ -1,4 +1,4 @@
-"""The metrics port and what a scrape reads (agent_jobs/metrics.py turns them on).
+"""The metrics port and what a scrape reads (agent_jobs/observability/metrics.py turns them on).
 
 The port answers `GET /metrics`, behind `Authorization: Bearer <AGENT_JOBS_METRICS_TOKEN>`
 when the token is set. `agent_jobs_approvals_pending` is counted in Postgres at each
@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterable, Iterator
 from ipaddress import ip_address
 from typing import TYPE_CHECKING, Any
 
-from .processes import alive
-from .settings import Settings
+from ..processes import alive
+from ..settings import Settings
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from .store import Store
+    from ..store import Store
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,9 @@ class PendingApprovals:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from .store import Store
-        from .store import runs as run_rows
-        from .store.db import make_engine
+        from ..store import Store
+        from ..store import runs as run_rows
+        from ..store.db import make_engine
 
         try:
             store = self.store

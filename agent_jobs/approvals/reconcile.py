@@ -20,18 +20,18 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from .app import AgentApp
-from .checkpoints import ToolOutcome
-from .dispatch import INVOKE_TOOL
-from .errors import (
+from ..app import AgentApp
+from ..checkpoints import ToolOutcome
+from ..dispatch import INVOKE_TOOL
+from ..errors import (
     InvalidRequestError,
     NotAReconcilerError,
     ReconcileRefusedError,
     UnknownCallError,
     UnknownRunError,
 )
-from .store import outcomes, runs, toolcalls
-from .store.db import contains_nul, utcnow
+from ..store import outcomes, runs, toolcalls
+from ..store.db import contains_nul, utcnow
 
 Outcome = Literal["succeeded", "failed", "retry"]
 OUTCOMES: tuple[Outcome, ...] = ("succeeded", "failed", "retry")

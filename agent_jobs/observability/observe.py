@@ -1,4 +1,4 @@
-"""What the runners report to metrics and traces (agent_jobs/metrics.py, tracing.py).
+"""What the runners report to metrics and traces (agent_jobs/observability/metrics.py, tracing.py).
 
 Each event is reported once, after the transaction that records it has committed: what a
 pass observes waits in its `StepEnv` (`committed`) and is reported by `StepEnv.flush`,
@@ -22,13 +22,13 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoints import attempted
 from . import metrics, tracing
-from .checkpoints import attempted
 
 if TYPE_CHECKING:
-    from .executor import StepEnv
-    from .messages import Usage
-    from .store import RunView
+    from ..executor import StepEnv
+    from ..messages import Usage
+    from ..store import RunView
 
 log = logging.getLogger(__name__)
 

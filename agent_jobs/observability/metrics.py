@@ -10,9 +10,9 @@ may listen beyond loopback only with a token.
 A prefork worker's pool processes each count in files of their own (prometheus_client's
 multiprocess mode, set up by the worker's main process before it forks), and its main
 process serves their sum; `agent_jobs_approvals_pending` is read from Postgres at each
-scrape (agent_jobs/scrape.py).
+scrape (agent_jobs/observability/scrape.py).
 
-What the runners report goes through `agent_jobs.observe`, once the transaction that
+What the runners report goes through `agent_jobs.observability.observe`, once the transaction that
 recorded it has committed.
 """
 
@@ -26,14 +26,14 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigurationError
+from ..settings import Settings, get_settings
 from . import scrape
-from .errors import ConfigurationError
-from .settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from .store import Store
+    from ..store import Store
 
 log = logging.getLogger(__name__)
 

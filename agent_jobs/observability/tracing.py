@@ -13,7 +13,7 @@ API, or a `start_run` task whose message headers carried one, attached while the
 runs). A run created with none gets a root span `run` of its own; a delegated run takes
 its parent's, and a thread's next turn the turn's before it. Each step is then a span
 named by its step, parented on that context whichever process carries it out, made once
-the step's outcome has committed (`agent_jobs.observe`), so a replay makes none.
+the step's outcome has committed (`agent_jobs.observability.observe`), so a replay makes none.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError
-from .settings import Settings, get_settings
+from ..errors import ConfigurationError
+from ..settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
