@@ -19,7 +19,7 @@ from ... import checkpoints as names
 from ...approvals import deadlines
 from ...checkpoints import Decision, DelegationOutcome
 from ...dispatch import INVOKE_TOOL, MODEL_TURN
-from ...errors import NonDeterminismError, StepFailedError, Suspend
+from ...errors import StepFailedError, Suspend
 from ...executor import StepEnv, execute_local
 from ...hooks import (
     AnswersWait,
@@ -40,6 +40,7 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from .. import waits
+from ..cursor import JournalCursor, Marker
 from ..turn import child_run_id, create_child, delegation_intent, delegation_label
 from . import reconcile
 from .journal_cache import Read
@@ -91,13 +92,9 @@ class DurableHooks(LoopHooks):
         disabled_patches: frozenset[str],
     ) -> None:
         self.disabled_patches = disabled_patches
-        self.by_seq: dict[int, Any] = {}
-        self.by_name: dict[str, Any] = {}
+        self.cursor = JournalCursor()
         self.last_model: tuple[int, str | None] = (0, None)
         self.rebind(conn, run, rows, env)
-        self.pos = 0
-        self.in_block = False  # inside a fan-out: steps are found by name
-        self.block_end = 0  # the last position a fan-out's steps took
         # Where the loop parks instead of suspending, when it runs in a greenlet of its own
         # that outlives the pass (runners/durable/sticky.py); the rows its last pass read as
         # final, which never change.
@@ -114,8 +111,8 @@ class DurableHooks(LoopHooks):
         self.run = run
         self.env = env
         model = names.model_prefix()
+        self.cursor.read(rows)
         for row in rows:
-            self.by_seq[row.seq] = self.by_name[row.step] = row
             if row.step.startswith(model) and row.seq > self.last_model[0]:
                 self.last_model = (row.seq, row.step)  # the journal's latest model step
         self.to_dispatch: list[tuple[str, str]] = []
@@ -133,7 +130,7 @@ class DurableHooks(LoopHooks):
     def _suspend(self, signal: Suspend) -> None:
         """Suspend the pass: raise `signal`, or, for a loop that outlives its pass, park
         until a later pass resumes it (then the caller looks at its step again)."""
-        if self.sticky is None or self.in_block:
+        if self.sticky is None or self.cursor.in_block:
             raise signal
         self.sticky.park(signal)
 
@@ -173,47 +170,24 @@ class DurableHooks(LoopHooks):
 
     # --- positions ---------------------------------------------------------------------
 
+    @property
+    def pos(self) -> int:
+        """The position of the loop's latest request (runners/cursor.py)."""
+        return self.cursor.pos
+
+    @property
+    def by_seq(self) -> dict[int, Any]:
+        """The journal's rows as this pass knows them, by position."""
+        return self.cursor.by_seq
+
+    @property
+    def by_name(self) -> dict[str, Any]:
+        """The journal's rows as this pass knows them, by name."""
+        return self.cursor.by_name
+
     def _recorded(self, name: str) -> Any | None:
         """The journal row at the next position, checked against the step asked for."""
-        if self.in_block:
-            return self._recorded_in_block(name)
-        self._past_retries()
-        self.pos += 1
-        row = self.by_seq.get(self.pos)
-        if row is not None:
-            if row.step != name:
-                raise NonDeterminismError(self.pos, row.step, name)
-            return row
-        if name in self.by_name:
-            raise NonDeterminismError(self.pos, None, name)
-        return None
-
-    def _past_retries(self) -> None:
-        """Step over retry rows: the loop reads one in its failed step's place (`_attempt`)."""
-        while (row := self.by_seq.get(self.pos + 1)) and row.step.startswith(names.RETRY):
-            self.pos += 1
-
-    def _attempt(self, name: str, row: Any) -> Any:
-        """A failed step's last retry row (`agent-jobs retry`) if it has one, else `row`."""
-        k = 1
-        while row.state == "failed" and (again := self.by_name.get(names.retry(name, k))):
-            row, k = again, k + 1
-        return row
-
-    def _recorded_in_block(self, name: str) -> Any | None:
-        """A fan-out member's row, found by its name.
-
-        How far each member got in earlier passes decided the order the members' rows
-        were written in (a pass stops a member at its first unfinished step and goes on
-        to the next member), so positions inside a fan-out say nothing about its shape;
-        names do, being unique per call. A new row takes the next free position.
-        """
-        row = self.by_name.get(name)
-        if row is not None:
-            self.block_end = max(self.block_end, row.seq)
-            return row
-        self.pos = self.block_end = max(self.by_seq, default=0) + 1
-        return None
+        return self.cursor.take(name).row
 
     def _record(
         self, name: str, state: journal_rows.StepState, intent: Any, result: Any = None
@@ -228,7 +202,7 @@ class DurableHooks(LoopHooks):
                 result=result,
             )
         )
-        self.by_name[name] = self.by_seq[self.pos] = _Marker(name, self.pos, state, result)
+        self.cursor.put(Marker(name, self.pos, state, result))
 
     def _wait(self, label: str, status: run_rows.RunStatus = "running") -> Suspend:
         self.parked.labels.append(label)
@@ -250,7 +224,7 @@ class DurableHooks(LoopHooks):
                 return result
             row = self._schedule(call.name, intent)
         while True:
-            row = self._attempt(call.name, row)
+            row = self.cursor.attempt(call.name, row)
             if row.state == "done":
                 if self.run.status == reconcile.STATUS:  # it may have waited on this call
                     self._settled(call)
@@ -345,8 +319,7 @@ class DurableHooks(LoopHooks):
                 row = self.by_name.get(name)
                 if row is not None:  # requested: its row is this run's to complete
                     result = waits.decision_result(timed_out.decision)
-                    marker = _Marker(name, row.seq, "done", result)
-                    self.by_name[name] = self.by_seq[row.seq] = marker
+                    self.cursor.put(Marker(name, row.seq, "done", result))
         state: str = self.by_name[step].state
         return state == "done"
 
@@ -413,16 +386,12 @@ class DurableHooks(LoopHooks):
 
     def parallel(self, block: ParallelBlock[T]) -> list[Settled[T]]:
         """The members one after the other; each settles, a suspended one included."""
-        if self.in_block:
+        if self.cursor.in_block:
             return [settle(task) for task in block.tasks]
         start = self.pos
         while True:
-            self.in_block, self.block_end = True, start
-            try:
+            with self.cursor.fan_out(start):
                 settled = [settle(task) for task in block.tasks]
-            finally:
-                self.in_block = False
-                self.pos = self.block_end  # the steps after the fan-out follow its last row
             waiting = next((s.error for s in settled if isinstance(s.error, Suspend)), None)
             if waiting is None or self.sticky is None:
                 return settled
@@ -434,20 +403,11 @@ class DurableHooks(LoopHooks):
         if patch.id in self.disabled_patches:
             return False  # as if this code predated the patch: no position is used
         name = names.patch(patch.id)
-        marker = self.by_name.get(name)
-        if marker is not None and marker.seq <= self.pos:
-            return True  # the run took the new shape earlier; asking again costs nothing
-        self._past_retries()
-        row = self.by_seq.get(self.pos + 1)
-        if row is not None:
-            if row.step == name:
-                self.pos += 1
-                return True
-            return False  # the run recorded history here before the patch existed
-        # At the frontier nothing recorded depends on the old shape: take the new one.
-        self.pos += 1
-        self._record(name, "done", {"patch": patch.id}, True)
-        return True
+        taken = self.cursor.patched(name)
+        if taken is None:  # at the frontier: the new shape, recorded where it was taken
+            self._record(name, "done", {"patch": patch.id}, True)
+            return True
+        return taken
 
 
 def hooks_for(
@@ -481,14 +441,3 @@ def drive(hooks: DurableHooks, loops: StickyLoops, body: Callable[[], T]) -> T:
     hooks.sticky = ParkedLoop(hooks.run.run_id, hooks.run.created_at, hooks)
     started: T = hooks.sticky.start(body)
     return started
-
-
-@dataclass(frozen=True)
-class _Marker:
-    """A row written during this pass, as later calls of the same pass see it."""
-
-    step: str
-    seq: int
-    state: str
-    result: Any = None
-    error: str | None = None
