@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent_jobs import InlineRunner
+from agent_jobs import InlineRunner, checkpoints
 from agent_jobs.client import Client
 from agent_jobs.controls import Again
 from agent_jobs.documents import run_document
@@ -141,6 +141,38 @@ def test_a_run_that_failed_on_a_step_is_retried_here_from_that_step(inline: Inli
     ]
     assert inline.controls(run_id) == [("run/retry", "alice")]
     with pytest.raises(ControlRefusedError, match="only a run that failed"):
+        runner.retry(run_id, actor="alice")
+
+
+def test_a_retried_run_whose_code_spells_a_step_otherwise_fails_with_non_determinism(
+    inline: Inline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry is driven by code that renamed a checkpoint the run recorded: its replay
+    stops there, as a durable one does, instead of running the step again under its new
+    name and going on."""
+    runner = inline.runner
+    run_id = runner.start("flaky", "go", actor="user-7")
+    assert runner.wait(run_id, timeout=TIMEOUT).error_type == "ModelError"
+    before = inline.store.journal(run_id)
+    [seq] = [row["seq"] for row in before if row["step"] == "persist:toolexec:call_1"]
+
+    monkeypatch.setattr(checkpoints, "toolexec", lambda call_id: f"persist:outcome:{call_id}")
+    (inline.gates / run_id).touch()  # the model would answer now
+    runner.retry(run_id, actor="alice")
+    run = runner.wait(run_id, timeout=TIMEOUT)
+
+    assert (run.status, run.error_type) == ("failed", "NonDeterminismError")
+    assert (
+        run.error is not None
+        and (
+            f"step 'persist:outcome:call_1' at position {seq}, where the journal recorded "
+            "'persist:toolexec:call_1'"
+        )
+        in run.error
+    )
+    assert ran(run_id) == ["model", "peek", "model"]  # nothing ran again
+    assert inline.store.journal(run_id) == before
+    with pytest.raises(ControlRefusedError, match="would fail the same way again"):
         runner.retry(run_id, actor="alice")
 
 

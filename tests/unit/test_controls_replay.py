@@ -1,6 +1,6 @@
 """Operator controls at the replay's seam, offline: a retry row read in its failed step's
-place (durable replay and the inline runner's by-name replay), and where a fork may start.
-Recorded journals (`journals/`), no database, no Redis."""
+place (the durable replay, and the journal cursor both runners replay with), and where a
+fork may start. Recorded journals (`journals/`), no database, no Redis."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from agent_jobs.controls.fork import fork_point
 from agent_jobs.controls.retry import unretried_failures
 from agent_jobs.errors import InvalidRequestError, StepFailedError, Suspend
-from agent_jobs.runners.inline.controls import Replay
+from agent_jobs.runners.cursor import JournalCursor, Slot
 
 from .test_replay import Row, fixture, hooks_for, replay, rows_of
 
@@ -75,16 +75,24 @@ def test_steps_after_a_retried_step_take_positions_after_its_retry_row() -> None
     assert hooks.new_rows == []
 
 
-def test_the_inline_replay_reads_a_step_by_its_last_attempt() -> None:
+def test_the_cursor_reads_each_step_in_its_place_by_its_last_attempt() -> None:
     rows = retried(
         rows_of(fixture("support")), "tool:call_1", ("failed", None), ("done", {"ok": True})
     )
-    found = Replay(rows)
-    assert found.result("tool:call_1") == {"ok": True}
-    assert found.result("persist:title") is not None
-    assert found.result("tool:call_9") is None
-    assert found.last_seq == max(r.seq for r in rows)
-    assert Replay(retried(rows_of(fixture("support")), "model:2")).result("model:2") is None
+    cursor = JournalCursor(rows)
+    read = {
+        row.step: cursor.done(row.step, cursor.take(row.step).row)
+        for row in rows
+        if not row.step.startswith("retry:")
+    }
+    assert read["tool:call_1"] == rows[-1] and rows[-1].result == {"ok": True}
+    assert None not in read.values()
+    assert cursor.take("tool:call_9") == Slot(max(r.seq for r in rows) + 1, None)
+    failed = retried(rows_of(fixture("support")), "model:2")
+    assert (
+        JournalCursor(failed).done("model:2", next(r for r in failed if r.step == "model:2"))
+        is None
+    )
 
 
 def test_the_failures_a_retry_runs_again_are_the_last_attempts_that_failed() -> None:

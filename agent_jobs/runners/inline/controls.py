@@ -1,58 +1,31 @@
 """The inline runner's operator controls (docs/operating.md, "Operator controls"): pause and
-resume a run it drives, retry one of its runs that failed on a step, fork any run; and the
-replay that the last two need, as the inline runner has no other.
+resume a run it drives, retry one of its runs that failed on a step, fork any run.
 
 A paused run waits at its step boundary on its own thread (it holds no worker: there
 are none), looking at the database between waits, so a resume or a cancel recorded by
 another process (`agent-jobs resume`) reaches it too. A retried or forked run is driven
-from its start with the steps its journal holds read back by name instead of run (a
-fan-out's rows have no order to go by), each step's last attempt as a durable retry
-left it; what the journal lacks runs, numbered after its last row.
+from its start with the steps its journal holds read back instead of run, each step's last
+attempt as a durable retry left it, checked by name and position as a durable replay
+checks them (runners/cursor.py); what the journal lacks runs, numbered after its last row.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
-from ... import checkpoints as names
 from ... import controls
 from ...app import AgentApp
 from ...executor import StepEnv
 from ...settings import Settings
 from ...store import RunView, Store
-from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...streams.base import MemoryStreams, RunStream
 from .. import boundary
 
 if TYPE_CHECKING:
     from ...commands import Commands
-
-
-class Replay:
-    """What a run's journal holds when its turn is driven (empty for a new run): a step's
-    recorded result, by name."""
-
-    def __init__(self, rows: Sequence[Any] = ()) -> None:
-        self._last: dict[str, tuple[int, Any]] = {}
-        for row in rows:
-            again = names.retried(row.step)
-            step, k = again if again is not None else (row.step, 0)
-            if step not in self._last or k > self._last[step][0]:
-                self._last[step] = (k, row)
-        self.last_seq = max((row.seq for row in rows), default=0)
-
-    @classmethod
-    def load(cls, store: Store, run_id: str) -> Replay:
-        with store.connect() as conn:
-            return cls(journal_rows.load_for_replay(conn, run_id))
-
-    def result(self, step: str) -> Any | None:
-        """The step's recorded result, if its last attempt is done; else None (it runs)."""
-        found = self._last.get(step)
-        return found[1].result if found is not None and found[1].state == "done" else None
 
 
 class InlineControls:

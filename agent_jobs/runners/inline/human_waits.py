@@ -28,7 +28,7 @@ from ...streams.base import RunStream
 from .. import waits
 
 if TYPE_CHECKING:
-    from .controls import Replay
+    from ..cursor import JournalCursor
     from .runner import InlineRunner
 
 T = TypeVar("T")
@@ -40,22 +40,26 @@ class HumanWaits:
     runner: InlineRunner
     run: RunView
     stream: RunStream
-    replay: Replay  # what a retried or forked run's journal holds already
-    _next_seq: Callable[[], int]
+    cursor: JournalCursor  # what a retried or forked run's journal holds already
 
     def request_approvals(self, requests: ApprovalRequests) -> None:
         """Put every decision the turn needs on record and stream its request, at once."""
         for wait in requests.waits:
-            if self.replay.result(names.approval(wait.call.id)) is not None:
+            step = names.approval(wait.call.id)
+            slot = self.cursor.take(step)
+            if self.cursor.done(step, slot.row) is not None:
                 continue  # decided already, in the journal
             with self.runner.store.begin() as conn:
                 described = self._requested(conn, wait)
-                self._journal_wait(conn, described)
+                self._journal_wait(conn, described, slot.seq)
             self._announce(described.frames)
 
     def await_approval(self, wait: ApprovalWait) -> Decision:
-        if (journaled := self.replay.result(names.approval(wait.call.id))) is not None:
-            return waits.recorded_decision(journaled)
+        step = names.approval(wait.call.id)
+        # Asked with the turn's other calls, its row is at an earlier position.
+        slot = self.cursor.earlier(step) if wait.requested else self.cursor.take(step)
+        if (journaled := self.cursor.done(step, slot.row)) is not None:
+            return waits.recorded_decision(journaled.result)
         run_id, store = wait.run_id, self.runner.store
 
         def recorded() -> Decision | None:
@@ -78,7 +82,7 @@ class HumanWaits:
             with store.begin() as conn:
                 self._lock(conn)
                 described = self._requested(conn, wait)
-                self._journal_wait(conn, described)
+                self._journal_wait(conn, described, slot.seq)
                 self._park(conn, described)
             self._announce(described.frames)
         decision = self._wait_for(future, run_id, wait.call.id, recorded)
@@ -86,8 +90,10 @@ class HumanWaits:
         return decision
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
-        if (journaled := self.replay.result(names.answers(wait.request_id))) is not None:
-            return waits.recorded_answers(journaled)
+        step = names.answers(wait.request_id)
+        slot = self.cursor.take(step)
+        if (journaled := self.cursor.done(step, slot.row)) is not None:
+            return waits.recorded_answers(journaled.result)
         run_id, store = wait.run_id, self.runner.store
 
         def recorded() -> dict[str, Any] | None:
@@ -99,7 +105,7 @@ class HumanWaits:
         with store.begin() as conn:
             self._lock(conn)
             waits.ask(conn, run_id, wait)
-            self._journal_wait(conn, described)
+            self._journal_wait(conn, described, slot.seq)
             self._park(conn, described)
         self._announce(described.frames)
         given = self._wait_for(future, run_id, wait.request_id, recorded)
@@ -114,12 +120,12 @@ class HumanWaits:
         )
         return waits.approval(wait, deadline)
 
-    def _journal_wait(self, conn: Connection, wait: waits.HumanWait) -> None:
+    def _journal_wait(self, conn: Connection, wait: waits.HumanWait, seq: int) -> None:
         journal_rows.insert_pending(
             conn,
             run_id=self.run.run_id,
             step=wait.step,
-            seq=self._next_seq(),
+            seq=seq,
             intent=wait.intent,
             state="waiting",
         )

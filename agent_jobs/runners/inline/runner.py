@@ -34,6 +34,7 @@ from ...hooks import (
     Delegation,
     LoopHooks,
     ParallelBlock,
+    Patch,
     Settled,
     StepCall,
     settle,
@@ -52,6 +53,7 @@ from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import Frame, MemoryStreams, RunStream
 from .. import boundary
+from ..cursor import JournalCursor, Marker
 from ..turn import (
     Ending,
     announce_end,
@@ -64,7 +66,7 @@ from ..turn import (
     turn_for,
 )
 from . import abandoned
-from .controls import InlineControls, Replay
+from .controls import InlineControls
 from .human_waits import HumanWaits
 from .queue import QueuedTurns
 from .wake import InlineWake
@@ -78,15 +80,10 @@ class InlineHooks(HumanWaits, LoopHooks):
         self.runner = runner
         self.run = run
         self.stream = stream
-        # A retried or forked run's journal holds steps already: read back, not run.
-        self.replay = Replay.load(runner.store, run.run_id)
-        self._seq = self.replay.last_seq
-        self._seq_lock = threading.Lock()
-
-    def _next_seq(self) -> int:
-        with self._seq_lock:
-            self._seq += 1
-            return self._seq
+        # A retried or forked run's journal holds steps already: read back, not run,
+        # each checked against its position as a durable replay checks it.
+        with runner.store.connect() as conn:
+            self.cursor = JournalCursor(journal_rows.load_for_replay(conn, run.run_id))
 
     def _env(self, step: str | None = None, attempt: int = 1) -> StepEnv:
         """Each step (and each parallel task) gets its own env: buffers never cross
@@ -99,10 +96,11 @@ class InlineHooks(HumanWaits, LoopHooks):
         return StepEnv(app=self.runner.app, stream=stream, limits=self.runner.limits)
 
     def step(self, call: StepCall) -> Any:
-        if (recorded := self.replay.result(call.name)) is not None:
-            return recorded
+        slot = self.cursor.take(call.name)
+        if (recorded := self.cursor.done(call.name, slot.row)) is not None:
+            return recorded.result
         self.runner._boundary(self.run.run_id)  # every step boundary: a stop, a pause
-        seq = self._next_seq()
+        seq = slot.seq
         intent = call.intent
         store = self.runner.store
         if intent.remote:
@@ -198,10 +196,11 @@ class InlineHooks(HumanWaits, LoopHooks):
         """A nested turn on a transient sub-thread, as a child run of its own: it parks on
         a person exactly as a top-level run does, its frames in the ancestor's stream."""
         runner = self.runner
-        if (recorded := self.replay.result(names.delegation(delegation.call.id))) is not None:
-            return DelegationOutcome.model_validate(recorded)
+        name = names.delegation(delegation.call.id)
+        slot = self.cursor.take(name)
+        if (recorded := self.cursor.done(name, slot.row)) is not None:
+            return DelegationOutcome.model_validate(recorded.result)
         runner._boundary(self.run.run_id)
-        seq = self._next_seq()
         with runner.store.begin() as conn:
             child_id = create_child(
                 conn, runner.app, self.run, delegation, runner="inline", status="running"
@@ -214,19 +213,36 @@ class InlineHooks(HumanWaits, LoopHooks):
             journal_rows.insert_done(
                 conn,
                 run_id=self.run.run_id,
-                step=names.delegation(delegation.call.id),
-                seq=seq,
+                step=name,
+                seq=slot.seq,
                 intent=delegation_intent(delegation, child_id),
                 result=outcome.model_dump(mode="json"),
             )
         return outcome
 
     def parallel(self, block: ParallelBlock[T]) -> list[Settled[T]]:
-        if len(block.tasks) < 2:
+        if self.cursor.in_block:
             return [settle(task) for task in block.tasks]
-        with ThreadPoolExecutor(max_workers=len(block.tasks), thread_name_prefix="read") as pool:
-            futures = [pool.submit(settle, task) for task in block.tasks]
-            return [future.result() for future in futures]
+        with self.cursor.fan_out():  # its steps are found by name (runners/cursor.py)
+            if len(block.tasks) < 2:
+                return [settle(task) for task in block.tasks]
+            with ThreadPoolExecutor(len(block.tasks), thread_name_prefix="read") as pool:
+                futures = [pool.submit(settle, task) for task in block.tasks]
+                return [future.result() for future in futures]
+
+    def patched(self, patch: Patch) -> bool:
+        """As the journal answers it (runners/cursor.py); at the frontier the patch is taken
+        and its row recorded, as a durable run's is: a replay of this run takes it there."""
+        name = names.patch(patch.id)
+        if (taken := self.cursor.patched(name)) is not None:
+            return taken
+        seq, intent = self.cursor.pos, {"patch": patch.id}
+        with self.runner.store.begin() as conn:
+            journal_rows.insert_done(
+                conn, run_id=self.run.run_id, step=name, seq=seq, intent=intent, result=True
+            )
+        self.cursor.put(Marker(name, seq, "done", True))
+        return True
 
 
 class InlineRunner(QueuedTurns, InlineControls):
