@@ -47,9 +47,9 @@ def start(
     """Start this process's services for `store` (`redis_client`: the sender's Redis, by
     default one of its own from the settings)."""
     check(settings)
+    if serve_metrics:  # first: a missing extra or a port in use stops the start here
+        metrics.serve(settings, store=store)
     diagnostics.set_enabled(settings.diagnostics)
     if deliver:
         start_sender(store, settings, redis_client=redis_client)
     tracing.setup(settings)
-    if serve_metrics:
-        metrics.serve(settings, store=store)

@@ -270,7 +270,7 @@ def test_stream_lag_is_read_from_the_entry_id(tmp_path: Path) -> None:
     """In a process of its own: metrics on, a frame written 250 ms before it is handed on."""
     code = """
 import sys, time
-from agent_jobs import metrics
+from agent_jobs.observability import metrics
 from agent_jobs.settings import Settings
 assert metrics.setup(Settings(metrics_port=1, database_url=sys.argv[1]))
 now = time.time()
