@@ -55,6 +55,7 @@ from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
 from ..store.db import utcnow
+from ..store.journal import JournalRow
 from ..store.retention import PRUNED
 from .pause import checked_actor
 from .retry import last_runs
@@ -343,11 +344,11 @@ def _asked_again(
 
 
 def _copied(
-    row: Any, run_id: str, ids: dict[str, dict[str, str]], kept: Mapping[str, Decision]
+    row: JournalRow, run_id: str, ids: dict[str, dict[str, str]], kept: Mapping[str, Decision]
 ) -> dict[str, Any]:
     """A row of the source's journal as the fork's: its ids made the fork's, and a kept
     decision made the forker's."""
-    values = dict(row._mapping)
+    values = row.as_dict()
     for call_id, decision in kept.items():
         if row.step == names.approval(call_id):
             values["result"] = decision.model_dump(mode="json")

@@ -179,7 +179,7 @@ class Store:
 
     def journal(self, run_id: str) -> list[dict[str, Any]]:
         with self.connect() as conn:
-            return [dict(row._mapping) for row in journal.load(conn, run_id)]
+            return [row.as_dict() for row in journal.load(conn, run_id)]
 
     def usage(self, run_id: str) -> list[dict[str, Any]]:
         with self.connect() as conn:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from sqlalchemy import (
     Connection,
     Integer,
-    Row,
     bindparam,
     func,
     insert,
@@ -34,11 +33,70 @@ from .schema import journal, runs
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
 
 
-def load(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
+@dataclass(frozen=True, slots=True)
+class ReplayRow:
+    """A journal row as a replay reads it (`load_for_replay`): the step's name and
+    position, its state, and its outcome. A runner's own rows, written while it drives
+    the loop, are kept in this shape too (runners/cursor.py)."""
+
+    step: str
+    seq: int
+    state: str  # a StepState, or `pruned` (store/retention.py)
+    result: Any = None
+    error: str | None = None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> ReplayRow:
+        """The row of a result's `_mapping`, or of a dict of `row()`."""
+        return cls(m["step"], m["seq"], m["state"], m["result"], m["error"])
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRow:
+    """A journal row, every column (`load`, `get`, `in_flight`, `stranded`)."""
+
+    run_id: str
+    step: str
+    seq: int
+    state: str  # a StepState, or `pruned` (store/retention.py)
+    intent: Any  # as journaled: a model step's may hold only what changed since the last
+    result: Any
+    error: str | None
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    lease_until: datetime | None  # a started remote step is its worker's until then
+    finished_at: datetime | None
+    holder: str | None  # the process that claimed the step in the pass that scheduled it
+    not_before: datetime | None  # held back until then
+    fence: int  # the step's epoch (store/holds.py)
+
+    @classmethod
+    def from_row(cls, row: Any) -> Self:
+        """The row of a query that selects the class's columns, and nothing else."""
+        return cls(**row._mapping)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name (the values themselves, not copies)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRowWithRun(JournalRow):
+    """A step's row with what a step task reads of its run (`get_with_run`)."""
+
+    run_status: str
+    root_run_id: str
+    thread_id: str
+    run_created_at: datetime
+
+
+def load(conn: Connection, run_id: str) -> list[JournalRow]:
     """The run's whole journal in one query, in the order the loop asked for it."""
-    return conn.execute(
+    found = conn.execute(
         select(journal).where(journal.c.run_id == run_id).order_by(journal.c.seq)
     ).all()
+    return [JournalRow.from_row(row) for row in found]
 
 
 # Built once: a replay runs this on every pass, and building a statement costs more
@@ -50,16 +108,21 @@ _REPLAY = (
 )
 
 
-def load_for_replay(conn: Connection, run_id: str, *, after: int = 0) -> Sequence[Any]:
+def load_for_replay(conn: Connection, run_id: str, *, after: int = 0) -> list[ReplayRow]:
     """What a replay needs of the run's journal, in one query: the rows after position
     `after` (a replay that knows the rows up to there)."""
-    return driver.rows(conn, _REPLAY, {"run_id": run_id, "after": after})
+    return _replayed(driver.rows(conn, _REPLAY, {"run_id": run_id, "after": after}))
 
 
-def get(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
-    return conn.execute(
+def _replayed(rows: Sequence[Any]) -> list[ReplayRow]:
+    return [ReplayRow.from_mapping(row._mapping) for row in rows]
+
+
+def get(conn: Connection, run_id: str, step: str) -> JournalRow | None:
+    found = conn.execute(
         select(journal).where(journal.c.run_id == run_id, journal.c.step == step)
     ).first()
+    return None if found is None else JournalRow.from_row(found)
 
 
 def insert_done(
@@ -114,9 +177,10 @@ def _due(now: datetime) -> Any:
     return or_(journal.c.not_before.is_(None), journal.c.not_before <= now)
 
 
-def get_with_run(conn: Connection, run_id: str, step: str) -> Row[Any] | None:
+def get_with_run(conn: Connection, run_id: str, step: str) -> JournalRowWithRun | None:
     """A step's row with its run's status and top-level run, in one query."""
-    return driver.first(conn, _WITH_RUN, {"run_id": run_id, "step": step})
+    found = driver.first(conn, _WITH_RUN, {"run_id": run_id, "step": step})
+    return None if found is None else JournalRowWithRun.from_row(found)
 
 
 def get_with_whole_intent(
@@ -124,7 +188,7 @@ def get_with_whole_intent(
     run_id: str,
     step: str,
     known: Callable[[datetime], tuple[str, Any] | None] = lambda created_at: None,
-) -> Any | None:
+) -> JournalRowWithRun | None:
     """`get_with_run`, a model step's intent whole: journaled against the run's model
     step before it (runners/model_requests.py), it is the one `known(run's creation
     time)` gives as (step, whole intent) if that is this step (this process scheduled
@@ -140,7 +204,7 @@ def get_with_whole_intent(
         whole = expand(row.intent, {base[0]: base[1]}.get)
     else:
         whole = expand(row.intent, _model_intents(conn, run_id, before=row.seq).get)
-    return SimpleNamespace(**{**row._asdict(), "intent": whole})
+    return replace(row, intent=whole)
 
 
 def whole_model_intent(conn: Connection, run_id: str, step: str) -> Any | None:
@@ -161,11 +225,11 @@ _MODEL_INTENTS = select(journal.c.step, journal.c.intent).where(
 )
 
 
-def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence[Row[Any]]:
+def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> list[JournalRow]:
     """Remote steps of a run nobody is working on: scheduled long ago, or lease expired;
     not held back (`hold`)."""
     now = utcnow()
-    return conn.execute(
+    found = conn.execute(
         select(journal).where(
             journal.c.run_id == run_id,
             journal.c.state.in_(("scheduled", "started")),
@@ -174,18 +238,20 @@ def stranded(conn: Connection, run_id: str, *, older_than: datetime) -> Sequence
             _due(now),
         )
     ).all()
+    return [JournalRow.from_row(row) for row in found]
 
 
-def in_flight(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
+def in_flight(conn: Connection, run_id: str) -> list[JournalRow]:
     """The run's remote steps scheduled or started, not yet done or failed; not those
     held back until later (`hold`): a delivery is on its way for then."""
-    return conn.execute(
+    found = conn.execute(
         select(journal).where(
             journal.c.run_id == run_id,
             journal.c.state.in_(("scheduled", "started")),
             _due(utcnow()),
         )
     ).all()
+    return [JournalRow.from_row(row) for row in found]
 
 
 def complete(
@@ -218,7 +284,7 @@ def complete_and_load(
     started_at: datetime | None = None,
     fence: int | None = None,
     after: int = 0,
-) -> Sequence[Any]:
+) -> list[ReplayRow]:
     """`complete`, then `load_for_replay` (from `after`): on Postgres in one statement
     (the outcome's row as written, the others as they were), the two in a row on SQLite.
     A completed step is in flight until now, so it is after any position whose rows
@@ -227,7 +293,7 @@ def complete_and_load(
     if conn.dialect.name != "postgresql":
         conn.execute(_COMPLETE, values)
         return load_for_replay(conn, run_id, after=after)
-    return driver.rows(conn, _COMPLETE_AND_REPLAY, values | {"after": after})
+    return _replayed(driver.rows(conn, _COMPLETE_AND_REPLAY, values | {"after": after}))
 
 
 def lock_and_load(
@@ -237,7 +303,7 @@ def lock_and_load(
     after: int,
     outcome: dict[str, Any] | None = None,
     inbox: Sequence[str] | None = None,
-) -> tuple[Any | None, Sequence[Any], Sequence[Any] | None]:
+) -> tuple[Any | None, list[ReplayRow], Sequence[Any] | None]:
     """The run's row, locked and touched (`runs.lock_and_touch`), and its journal after
     position `after` with `outcome` written first if given (`complete_and_load`'s
     arguments after the run, as `step` and the rest); and, with `inbox` (event types),
@@ -262,7 +328,7 @@ def lock_and_load(
     locked, rows, *events = driver.batch(conn, statements)
     if not locked:
         return None, [], None
-    return locked[0], rows, events[0] if events else None
+    return locked[0], _replayed(rows), events[0] if events else None
 
 
 def _outcome(
