@@ -32,6 +32,7 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...store.holds import IN_FLIGHT
+from ...store.journal import JournalRowWithRun
 from . import reconcile
 from .completion import Completion, dead_letter
 from .kept import Kept, on_own_queue
@@ -110,6 +111,7 @@ class Delivery:
         """The step's journal row, and why this delivery must leave it alone (None: it
         runs). A kept step's row is the one its pass wrote just now, under the run's lock."""
         runner, run_id, step = self.runner, self.run_id, self.step
+        row: JournalRowWithRun | None
         if self.kept is not None:
             row, refused = self.kept.row, None
         else:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from ...dispatch import own_queue, tool_of
 from ...leases import Holder
 from ...store import RunView, Store
 from ...store import holds as hold_rows
+from ...store.journal import JournalRowWithRun
 from .replay import DurableHooks
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class Kept:
 
     task: str
     step: str
-    row: Any
+    row: JournalRowWithRun
     holder: Holder  # the claim the pass wrote on the row
 
     @property
@@ -53,11 +53,12 @@ def claim(run: RunView, hooks: DurableHooks, lease: float) -> Kept | None:
     holder = Holder.me()
     hold_rows.claim(written, str(holder), lease)
     # The row as a step task reads it (`journal.get_with_run`), its intent whole.
-    snapshot = SimpleNamespace(
+    snapshot = JournalRowWithRun(
         **{**written, "intent": hooks.whole_intent(step)},
         run_status="running",
         root_run_id=run.root_run_id,
         thread_id=run.thread_id,
+        run_created_at=run.created_at,
     )
     return Kept(task, step, snapshot, holder)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from functools import partial
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
@@ -26,6 +25,7 @@ from ...store import RunView
 from ...store import journal as journal_rows
 from ...store.db import utcnow
 from ...store.holds import IN_FLIGHT
+from ...store.journal import ReplayRow
 from ...streams.base import RunStream
 from .. import boundary
 from ..turn import (
@@ -207,7 +207,7 @@ class Pass:
             cache.drop(run.run_id, run.created_at)
             self.runner.loops.drop(run.run_id)
             return
-        new = [SimpleNamespace(**row) for row in hooks.new_rows] if hooks is not None else []
+        new = [ReplayRow.from_mapping(row) for row in hooks.new_rows] if hooks is not None else []
         cache.keep(run.run_id, run.created_at, [*self.read.loaded, *new], self.read.known)
         for step, intent in hooks.whole.items() if hooks is not None else ():
             cache.keep_model(run.run_id, run.created_at, step, intent)
