@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Connection
 
@@ -25,6 +24,7 @@ from ..app import AgentApp
 from ..controls.pause import RESUMED_BY
 from ..executor import StepEnv
 from ..store import RunView
+from ..store.journal import ReplayRow
 from .turn import overdue
 
 
@@ -71,7 +71,7 @@ def decide(
     env: StepEnv,
     app: AgentApp,
     run: RunView,
-    rows: Sequence[Any],
+    rows: Sequence[ReplayRow],
     *,
     queued_pause: bool = True,
 ) -> Verdict:

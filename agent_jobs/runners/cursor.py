@@ -26,22 +26,14 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from .. import checkpoints as names
 from ..errors import NonDeterminismError
+from ..store.journal import ReplayRow
 
-
-@dataclass(frozen=True)
-class Marker:
-    """A row a runner wrote while driving the loop, as the cursor's later requests see it
-    (the columns of `journal.load_for_replay` it reads)."""
-
-    step: str
-    seq: int
-    state: str
-    result: Any = None
-    error: str | None = None
+# A row a runner wrote while driving the loop, as the cursor's later requests see it: in
+# the shape of the rows `journal.load_for_replay` reads.
+Marker = ReplayRow
 
 
 @dataclass(frozen=True)
@@ -50,16 +42,16 @@ class Slot:
     journal lacks; and its position, the row's or the one a new row takes."""
 
     seq: int
-    row: Any | None
+    row: ReplayRow | None
 
 
 class JournalCursor:
-    """A replay's place in one run's journal; rows are anything with the columns of
-    `journal.load_for_replay` (`step`, `seq`, `state`, `result`, `error`)."""
+    """A replay's place in one run's journal: rows as `journal.load_for_replay` reads
+    them (`step`, `seq`, `state`, `result`, `error`)."""
 
-    def __init__(self, rows: Iterable[Any] = ()) -> None:
-        self.by_seq: dict[int, Any] = {}
-        self.by_name: dict[str, Any] = {}
+    def __init__(self, rows: Iterable[ReplayRow] = ()) -> None:
+        self.by_seq: dict[int, ReplayRow] = {}
+        self.by_name: dict[str, ReplayRow] = {}
         self.pos = 0  # the position of the loop's latest request
         self.last = 0  # the highest position recorded or handed out
         self.in_block = False  # inside a fan-out: steps are found by name
@@ -67,12 +59,12 @@ class JournalCursor:
         self._lock = threading.Lock()
         self.read(rows)
 
-    def read(self, rows: Iterable[Any]) -> None:
+    def read(self, rows: Iterable[ReplayRow]) -> None:
         """Know `rows`: the journal as loaded, or rows that changed since."""
         for row in rows:
             self.put(row)
 
-    def put(self, row: Any) -> None:
+    def put(self, row: ReplayRow) -> None:
         """A row at its position and under its name: one written, or as it stands now."""
         with self._lock:
             self.by_seq[row.seq] = self.by_name[row.step] = row
@@ -94,7 +86,7 @@ class JournalCursor:
         row = self.by_name.get(name)
         return Slot(0 if row is None else row.seq, row)
 
-    def _in_order(self, name: str) -> Any | None:
+    def _in_order(self, name: str) -> ReplayRow | None:
         """Outside a fan-out: the row at the next position, which must be `name`'s."""
         self._past_retries()
         self.pos += 1
@@ -108,7 +100,7 @@ class JournalCursor:
             raise NonDeterminismError(self.pos, None, name)
         return None
 
-    def _in_block(self, name: str) -> Any | None:
+    def _in_block(self, name: str) -> ReplayRow | None:
         """A fan-out member's row, found by its name.
 
         How far each member got decided the order the members' rows were written in (a
@@ -130,14 +122,14 @@ class JournalCursor:
         while (row := self.by_seq.get(self.pos + 1)) and row.step.startswith(names.RETRY):
             self.pos += 1
 
-    def attempt(self, name: str, row: Any) -> Any:
+    def attempt(self, name: str, row: ReplayRow) -> ReplayRow:
         """A failed step's last retry row (`agent-jobs retry`) if it has one, else `row`."""
         k = 1
         while row.state == "failed" and (again := self.by_name.get(names.retry(name, k))):
             row, k = again, k + 1
         return row
 
-    def done(self, name: str, row: Any | None) -> Any | None:
+    def done(self, name: str, row: ReplayRow | None) -> ReplayRow | None:
         """The last attempt of step `name`'s recorded `row` if it is done, else None."""
         if row is None:
             return None

@@ -19,6 +19,7 @@ from ...settings import Settings
 from ...store import RunView, outcomes
 from ...store import events as event_rows
 from ...store.db import utcnow
+from ...store.journal import JournalRowWithRun
 from ..turn import ask_waterfall
 from .report import StepOutcome
 
@@ -87,7 +88,7 @@ def dead_letter(step: str, attempt: int) -> Completion:
 def model_failed(
     app: AgentApp,
     settings: Settings,
-    row: Any,
+    row: JournalRowWithRun,
     step: str,
     error: ModelError,
     attempt: int,

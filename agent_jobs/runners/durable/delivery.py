@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -32,7 +32,7 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...store.holds import IN_FLIGHT
-from ...store.journal import JournalRowWithRun
+from ...store.journal import JournalRow, JournalRowWithRun
 from . import reconcile
 from .completion import Completion, dead_letter
 from .kept import Kept, on_own_queue
@@ -95,9 +95,9 @@ class Delivery:
     def _leased(self, keep: bool) -> tuple[str, Kept | None]:
         """The step under its lease: its row read, an attempt made, its outcome written by
         the pass it wakes."""
-        row, refused = self._row()
-        if refused is not None:
-            return refused, None
+        row = self._row()
+        if isinstance(row, str):
+            return row, None
         completion = self._attempt(row)
         if isinstance(completion, str):
             return completion, None
@@ -107,26 +107,29 @@ class Delivery:
 
     # --- the row ---------------------------------------------------------------------
 
-    def _row(self) -> tuple[Any, str | None]:
-        """The step's journal row, and why this delivery must leave it alone (None: it
-        runs). A kept step's row is the one its pass wrote just now, under the run's lock."""
+    def _row(self) -> JournalRowWithRun | str:
+        """The step's journal row, or why this delivery must leave it alone. A kept
+        step's row is the one its pass wrote just now, under the run's lock."""
         runner, run_id, step = self.runner, self.run_id, self.step
-        row: JournalRowWithRun | None
         if self.kept is not None:
-            row, refused = self.kept.row, None
-        else:
-            with runner.store.connect() as conn:  # the model step before, if known here
-                known = functools.partial(runner.journal_cache.last_model, run_id)
-                row = journal_rows.get_with_whole_intent(conn, run_id, step, known)
-            refused = refusal(row, step, self.task)
-        self.fence = getattr(row, "fence", None)
-        if refused is not None and _ended_before_its_run(row):
+            self.fence = self.kept.row.fence
+            return self.kept.row
+        with runner.store.connect() as conn:  # the model step before, if known here
+            known = functools.partial(runner.journal_cache.last_model, run_id)
+            row = journal_rows.get_with_whole_intent(conn, run_id, step, known)
+        if row is None:
+            return f"unknown step {step}"
+        self.fence = row.fence
+        refused = refusal(row, step, self.task)
+        if refused is None:
+            return row
+        if _ended_before_its_run(row):
             runner._adopt_orphans(run_id)  # this may be the message of a chain that died
-        return row, refused
+        return refused
 
     # --- the attempt -----------------------------------------------------------------
 
-    def _attempt(self, row: Any) -> Completion | str:
+    def _attempt(self, row: JournalRowWithRun) -> Completion | str:
         """The step's outcome from an attempt at it, or why the delivery ends here. A
         non-idempotent action whose handler began and whose worker died is never run
         blindly again: its outcome is settled (or parked until a person says)."""
@@ -153,7 +156,9 @@ class Delivery:
             made = replace(made, call_id=guard.call_id)
         return made
 
-    def _made(self, row: Any, attempt: int, guard: reconcile.Guarded | None) -> Completion | str:
+    def _made(
+        self, row: JournalRowWithRun, attempt: int, guard: reconcile.Guarded | None
+    ) -> Completion | str:
         """Attempt `attempt` of the step: run, or given up on (the dead letter) past the
         attempts it gets; or why the delivery ends here (it came late, or ran over its
         time limit)."""
@@ -183,19 +188,13 @@ class Delivery:
             log.warning("could not release the lease of %s/%s: %s", self.run_id, self.step, exc)
 
 
-def _ended_before_its_run(row: Any) -> bool:
+def _ended_before_its_run(row: JournalRowWithRun) -> bool:
     """Whether the step has ended while its run has not."""
-    return (
-        row is not None
-        and row.state in ("done", "failed")
-        and row.run_status not in run_rows.TERMINAL
-    )
+    return row.state in ("done", "failed") and row.run_status not in run_rows.TERMINAL
 
 
-def refusal(row: Any, step: str, task: str) -> str | None:
+def refusal(row: JournalRowWithRun, step: str, task: str) -> str | None:
     """Why a delivered step task must leave this journal row alone, or None to run it."""
-    if row is None:
-        return f"unknown step {step}"
     if row.run_status in run_rows.TERMINAL:
         return f"run already {row.run_status}"
     if row.run_status == "paused":  # no step runs while it is; a resume sends it again
@@ -215,7 +214,7 @@ def refusal(row: Any, step: str, task: str) -> str | None:
     return None
 
 
-def _claimed(row: Any) -> bool:
+def _claimed(row: JournalRow) -> bool:
     """Whether the step's row is claimed by a process that may still be running it (the
     pass that scheduled it claimed it, and the claim has neither lapsed nor lost its
     holder)."""

@@ -27,6 +27,7 @@ from typing import Any
 from ...checkpoints import model_prefix
 from ...session import INBOX
 from ...store import journal as journal_rows
+from ...store.journal import ReplayRow
 
 FINAL = frozenset({"done", "failed"})
 
@@ -36,7 +37,7 @@ class JournalCache:
         self.capacity = capacity
         self._lock = threading.Lock()
         # run id -> (its creation time, its final prefix)
-        self._runs: OrderedDict[str, tuple[datetime, list[Any]]] = OrderedDict()
+        self._runs: OrderedDict[str, tuple[datetime, list[ReplayRow]]] = OrderedDict()
         self._models: OrderedDict[tuple[str, datetime], tuple[str, Any]] = OrderedDict()
 
     def last_model(self, run_id: str, created_at: datetime) -> tuple[str, Any] | None:
@@ -52,12 +53,12 @@ class JournalCache:
             while len(self._models) > self.capacity:
                 self._models.popitem(last=False)
 
-    def prefix(self, run_id: str, created_at: datetime) -> list[Any]:
+    def prefix(self, run_id: str, created_at: datetime) -> list[ReplayRow]:
         """The run's final rows at positions 1…n as known here ([] when none)."""
         known = self.latest(run_id)
         return known[1] if known is not None and known[0] == created_at else []
 
-    def latest(self, run_id: str) -> tuple[datetime, list[Any]] | None:
+    def latest(self, run_id: str) -> tuple[datetime, list[ReplayRow]] | None:
         """(creation time, final prefix) of the run id as known here, before its row is
         read (a pass reads the rows after it with the run's; the creation time then
         tells whether it is the same run)."""
@@ -69,12 +70,16 @@ class JournalCache:
             return known[0], list(known[1])
 
     def keep(
-        self, run_id: str, created_at: datetime, rows: Iterable[Any], known: Sequence[Any] = ()
+        self,
+        run_id: str,
+        created_at: datetime,
+        rows: Iterable[ReplayRow],
+        known: Sequence[ReplayRow] = (),
     ) -> None:
         """Remember the longest final prefix of `known` (a final prefix already: positions
         1…n) and then `rows` (any order; each with `seq` and `state`)."""
         by_seq = {row.seq: row for row in rows}
-        final: list[Any] = list(known)
+        final = list(known)
         seq = len(final) + 1
         while (row := by_seq.get(seq)) is not None and row.state in FINAL:
             final.append(row)
@@ -96,7 +101,7 @@ class JournalCache:
             self._models.pop((run_id, created_at), None)
 
 
-def after(prefix: Sequence[Any]) -> int:
+def after(prefix: Sequence[ReplayRow]) -> int:
     """The last position the prefix covers: a pass reads the rows after it."""
     return prefix[-1].seq if prefix else 0
 
@@ -107,12 +112,12 @@ class Read:
     prefix of its journal this process knew, and the rows read after it."""
 
     run: Any | None
-    known: list[Any]
-    loaded: list[Any]
+    known: list[ReplayRow]
+    loaded: list[ReplayRow]
     inbox: list[Any] | None = None  # the thread's inbox events, if read with them
 
     @property
-    def rows(self) -> list[Any]:
+    def rows(self) -> list[ReplayRow]:
         return [*self.known, *self.loaded]
 
 
@@ -133,5 +138,5 @@ def lock_and_read(cache: JournalCache, conn: Any, run_id: str, completion: Any |
     if row is None:
         return Read(None, [], [])
     if latest is not None and latest[0] != row.created_at:  # another run, the same id
-        return Read(row, [], list(journal_rows.load_for_replay(conn, run_id)))
-    return Read(row, known, list(rows), None if inbox is None else list(inbox))
+        return Read(row, [], journal_rows.load_for_replay(conn, run_id))
+    return Read(row, known, rows, None if inbox is None else list(inbox))

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from ...dispatch import own_queue, tool_of
 from ...leases import Holder
 from ...store import RunView, Store
 from ...store import holds as hold_rows
-from ...store.journal import JournalRowWithRun
+from ...store.journal import JournalRow, JournalRowWithRun
 from .replay import DurableHooks
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def claim(run: RunView, hooks: DurableHooks, lease: float) -> Kept | None:
     return Kept(task, step, snapshot, holder)
 
 
-def on_own_queue(row: Any) -> bool:
+def on_own_queue(row: JournalRow) -> bool:
     """Whether the step went to a queue of its own (a tool's): the step after it is
     sent, not run on that queue's worker."""
     return isinstance(row.intent, dict) and bool(row.intent.get("queue"))

@@ -29,6 +29,7 @@ from ...hooks import StepCall
 from ...leases import Leases
 from ...steps import InvokeTool, parse_intent
 from ...store import RunView, Store, outcomes
+from ...store.journal import JournalRow, ReplayRow
 from ...store.runs import RunStatus
 from ...tools import ReconcileContext, Tool
 from .. import waits
@@ -57,7 +58,7 @@ class HandlerBegan(Exception):
     """The call's handler began on an earlier delivery that recorded no result."""
 
 
-def guarded(app: AgentApp, row: Any) -> Guarded | None:
+def guarded(app: AgentApp, row: JournalRow) -> Guarded | None:
     """The step of `row` (a journal row, its intent as journaled) if it runs a
     non-idempotent action's handler; None for any other step."""
     journaled = row.intent
@@ -149,7 +150,7 @@ def ask(guard: Guarded) -> Any | None:
 # --- the pass ----------------------------------------------------------------------------
 
 
-def waiting_on(run: RunView, env: StepEnv, call: StepCall, row: Any) -> tuple[str, RunStatus]:
+def waiting_on(run: RunView, env: StepEnv, call: StepCall, row: ReplayRow) -> tuple[str, RunStatus]:
     """What a pass that stops at a remote step not yet done waits on, and the run's status
     meanwhile: the step in flight; or, its row `waiting`, a person's word on the call's
     outcome (its frames streamed by the pass that parks the run on it)."""

@@ -39,6 +39,7 @@ from ...store import RunView, model_requests
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
+from ...store.journal import ReplayRow
 from .. import waits
 from ..cursor import JournalCursor, Marker
 from ..turn import child_run_id, create_child, delegation_intent, delegation_label
@@ -87,7 +88,7 @@ class DurableHooks(LoopHooks):
         self,
         conn: Connection,
         run: RunView,
-        rows: list[Any],
+        rows: list[ReplayRow],
         env: StepEnv,
         disabled_patches: frozenset[str],
     ) -> None:
@@ -104,7 +105,7 @@ class DurableHooks(LoopHooks):
         # across the passes that resume it): does a deadline concern the run?
         self.asked_tools: set[str] = set()
 
-    def rebind(self, conn: Connection, run: RunView, rows: list[Any], env: StepEnv) -> None:
+    def rebind(self, conn: Connection, run: RunView, rows: list[ReplayRow], env: StepEnv) -> None:
         """Serve a pass: its connection, run row, journal and events (a parked loop's
         hooks serve each pass that resumes it)."""
         self.conn = conn
@@ -176,16 +177,16 @@ class DurableHooks(LoopHooks):
         return self.cursor.pos
 
     @property
-    def by_seq(self) -> dict[int, Any]:
+    def by_seq(self) -> dict[int, ReplayRow]:
         """The journal's rows as this pass knows them, by position."""
         return self.cursor.by_seq
 
     @property
-    def by_name(self) -> dict[str, Any]:
+    def by_name(self) -> dict[str, ReplayRow]:
         """The journal's rows as this pass knows them, by name."""
         return self.cursor.by_name
 
-    def _recorded(self, name: str) -> Any | None:
+    def _recorded(self, name: str) -> ReplayRow | None:
         """The journal row at the next position, checked against the step asked for."""
         return self.cursor.take(name).row
 
@@ -241,7 +242,7 @@ class DurableHooks(LoopHooks):
         if parked is not None:
             self._resumed(parked)
 
-    def _schedule(self, name: str, intent: Intent) -> Any:
+    def _schedule(self, name: str, intent: Intent) -> ReplayRow:
         """Record a new remote step `scheduled`, to be sent once the pass commits."""
         if isinstance(intent, InvokeTool) and intent.call.name in self.env.app.registry:
             queue = self.env.app.registry.get(intent.call.name).queue

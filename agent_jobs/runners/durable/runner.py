@@ -20,7 +20,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -40,6 +39,7 @@ from ...store import Store
 from ...store import events as event_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
+from ...store.journal import JournalRowWithRun
 from ...streams.base import RunStream, StreamBackend
 from . import journal_cache, recovery
 from .completion import Completion, model_failed
@@ -250,7 +250,14 @@ class DurableRunner:
         recovery.adopt_orphans(self.store, self.leases, self.dispatcher, run_id)
 
     def _run_step(
-        self, row: Any, step: str, holder: Holder, attempt: int, retries: int, *, claimed: bool
+        self,
+        row: JournalRowWithRun,
+        step: str,
+        holder: Holder,
+        attempt: int,
+        retries: int,
+        *,
+        claimed: bool,
     ) -> Completion:
         run_id = row.run_id
         stream = RunStream(self.streams, row.root_run_id, run_id)

@@ -35,6 +35,8 @@ from typing import Any, Literal
 import greenlet
 
 from ...errors import Suspend
+from ...store.journal import ReplayRow
+from .journal_cache import Read
 
 
 class LetGo(BaseException):
@@ -137,7 +139,7 @@ class StickyLoops:
         self._lock = threading.Lock()
         self._loops: OrderedDict[str, ParkedLoop] = OrderedDict()
 
-    def take(self, run_id: str, created_at: datetime, read: Any) -> ParkedLoop | None:
+    def take(self, run_id: str, created_at: datetime, read: Read) -> ParkedLoop | None:
         """The run's parked loop if the journal a pass read (a `journal_cache.Read`) holds
         the rows it knows and no others, taken out (the taker keeps or abandons it); else
         None, and any parked loop of the run is let go of. Only the rows that may have
@@ -161,7 +163,7 @@ class StickyLoops:
         return None
 
     @staticmethod
-    def changed(hooks: Any, read: Any) -> list[Any]:
+    def changed(hooks: Any, read: Read) -> list[ReplayRow]:
         """The rows of `read` that may differ from what the loop saw: those after the
         final prefix its last pass read."""
         return [*read.known[hooks.seen_final :], *read.loaded]
