@@ -190,7 +190,7 @@ def fork(
 # --- the fork point --------------------------------------------------------------------
 
 
-def fork_point(source_id: str, rows: Sequence[Any], at: str) -> Any:
+def fork_point(source_id: str, rows: Sequence[JournalRow], at: str) -> JournalRow:
     """The row of `rows` (the source's journal) a fork may start at, named `at`; else
     `InvalidRequestError`, saying where it may."""
     by_name = {row.step: row for row in rows}
@@ -220,7 +220,7 @@ def fork_point(source_id: str, rows: Sequence[Any], at: str) -> Any:
     return point
 
 
-def _in_fanout(rows: Sequence[Any], point: Any) -> bool:
+def _in_fanout(rows: Sequence[JournalRow], point: JournalRow) -> bool:
     """Whether `point` is a fan-out member's step after the fan-out's first row: a row of a
     tool call (its run, its questions' answers) right after another call's, with nothing
     of the turn's between (a sequential call's rows are followed by its outcome first)."""
@@ -235,7 +235,7 @@ def _in_fanout(rows: Sequence[Any], point: Any) -> bool:
     return False
 
 
-def _member_call(row: Any) -> str | None:
+def _member_call(row: JournalRow) -> str | None:
     """The call id of a tool step's or an answers step's row (its intent names it)."""
     parsed = names.parse(names.attempted(row.step))
     if parsed is None or parsed.kind not in _MEMBER_KINDS or not isinstance(row.intent, Mapping):
@@ -245,7 +245,7 @@ def _member_call(row: Any) -> str | None:
     return call_id if isinstance(call_id, str) else None
 
 
-def _check_prefix(source_id: str, prefix: Sequence[Any]) -> None:
+def _check_prefix(source_id: str, prefix: Sequence[JournalRow]) -> None:
     """Every copied step finished: done, or failed and run again to done within the
     prefix."""
     last = last_runs(prefix)
@@ -257,7 +257,7 @@ def _check_prefix(source_id: str, prefix: Sequence[Any]) -> None:
             )
 
 
-def runs_again(calls: Sequence[Any], after: Sequence[Any]) -> list[Again]:
+def runs_again(calls: Sequence[Any], after: Sequence[JournalRow]) -> list[Again]:
     """The source's `action` tool steps from the fork point on (`calls`: the source's
     tool-call records): they ran (or began) there and will run again in the fork (a new
     run: another idempotency key)."""
@@ -279,7 +279,7 @@ def runs_again(calls: Sequence[Any], after: Sequence[Any]) -> list[Again]:
 # --- decisions ---------------------------------------------------------------------------
 
 
-def undecided_at(calls: Sequence[Any], prefix: Sequence[Any]) -> dict[str, Any]:
+def undecided_at(calls: Sequence[Any], prefix: Sequence[JournalRow]) -> dict[str, Any]:
     """Of the source's tool-call records, the `action` calls decided before the fork point
     whose outcome comes after it (their handler runs in the fork), by call id: the
     decisions a fork does not inherit."""
@@ -316,7 +316,7 @@ def kept_decisions(
     return kept
 
 
-def _copies(row: Any, open_calls: Mapping[str, Any], kept: Mapping[str, Decision]) -> bool:
+def _copies(row: JournalRow, open_calls: Mapping[str, Any], kept: Mapping[str, Decision]) -> bool:
     """Whether a row of the prefix is copied: all but the decisions the fork asks again."""
     for call_id in open_calls:
         if row.step == names.approval(call_id):
@@ -377,7 +377,7 @@ def _rehomed(value: Any, ids: dict[str, dict[str, str]]) -> Any:
 
 
 def _copy_thread(
-    conn: Connection, source: RunView, thread_id: str, run_id: str, prefix: Sequence[Any]
+    conn: Connection, source: RunView, thread_id: str, run_id: str, prefix: Sequence[JournalRow]
 ) -> None:
     """The fork's thread: the source thread's history before the source run, then what the
     copied steps wrote; its title if the source had it before it began."""
@@ -389,7 +389,7 @@ def _copy_thread(
         threads.set_title(conn, thread_id, title)
 
 
-def written(prefix: Sequence[Any]) -> list[Message]:
+def written(prefix: Sequence[JournalRow]) -> list[Message]:
     """The messages the steps of `prefix` wrote to their thread, in order, as the executor
     wrote them (agent_jobs/executor.py)."""
     out: list[Message] = []
@@ -425,7 +425,7 @@ def _calls(
     calls: Sequence[Any],
     run_id: str,
     thread_id: str,
-    prefix: Sequence[Any],
+    prefix: Sequence[JournalRow],
     kept: Mapping[str, Decision],
 ) -> list[dict[str, Any]]:
     """The source's tool-call records the copied steps wrote, as they stood at the fork

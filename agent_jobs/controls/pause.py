@@ -27,6 +27,7 @@ from ..store import RunView
 from ..store import events as event_rows
 from ..store import runs as run_rows
 from ..store.holds import IN_FLIGHT
+from ..store.journal import ReplayRow
 
 PAUSED_BY = "paused by "  # `waiting_on` of a paused run
 RESUMED_BY = "resumed by "  # … and of a run resumed, until its next pass says more
@@ -143,7 +144,7 @@ class _Row:
         self.thread_id = run.thread_id
 
 
-def hold(conn: Connection, env: StepEnv, run: RunView, rows: Sequence[Any]) -> str | None:
+def hold(conn: Connection, env: StepEnv, run: RunView, rows: Sequence[ReplayRow]) -> str | None:
     """The step boundary's word on a pause: None to go on, else where the run stands (it
     pauses now, it was paused, or it pauses once its steps in flight, among `rows`, have
     ended). Pausing writes `paused`, the `run/paused` event (with the status and

@@ -31,6 +31,7 @@ from ..errors import ControlRefusedError
 from ..store import events as event_rows
 from ..store import journal as journal_rows
 from ..store import runs as run_rows
+from ..store.journal import JournalRow
 from ..store.retention import PRUNED
 from .pause import checked_actor, locked
 
@@ -134,10 +135,10 @@ def _failed_request(conn: Connection, run: Any) -> list[str]:
     return [last] if isinstance(last, str) else []
 
 
-def last_runs(rows: Sequence[Any]) -> dict[str, tuple[int, Any]]:
+def last_runs(rows: Sequence[JournalRow]) -> dict[str, tuple[int, JournalRow]]:
     """Each step of the journal `rows`: how often it was retried, and the row of its last
     run (the step's own row, or its latest retry row)."""
-    last: dict[str, tuple[int, Any]] = {}
+    last: dict[str, tuple[int, JournalRow]] = {}
     for row in rows:
         again = names.retried(row.step)
         step, k = again if again is not None else (row.step, 0)
@@ -146,7 +147,7 @@ def last_runs(rows: Sequence[Any]) -> dict[str, tuple[int, Any]]:
     return last
 
 
-def unretried_failures(rows: Sequence[Any]) -> list[tuple[str, int, Any]]:
+def unretried_failures(rows: Sequence[JournalRow]) -> list[tuple[str, int, JournalRow]]:
     """(step, how often it was retried, its last row) of each step whose last run failed,
     in journal order."""
     last = last_runs(rows)
