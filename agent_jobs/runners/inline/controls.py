@@ -11,7 +11,6 @@ checks them (runners/cursor.py); what the journal lacks runs, numbered after its
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
@@ -23,6 +22,7 @@ from ...store import RunView, Store
 from ...store import runs as run_rows
 from ...streams.base import MemoryStreams, RunStream
 from .. import boundary
+from .signals import Signals
 
 if TYPE_CHECKING:
     from ...commands import Commands
@@ -39,10 +39,7 @@ class InlineControls:
     _check_cancel: Callable[[str], RunView | None]  # InlineRunner's
     commands: Commands
     _stop: Callable[[str, boundary.Stop], NoReturn]
-
-    def _init_controls(self) -> None:
-        self._unpause_lock = threading.Lock()
-        self._unpaused: dict[str, threading.Event] = {}
+    signals: Signals
 
     def pause(self, run_id: str, *, actor: str) -> list[str]:
         """Ask the run (and its delegated runs) to pause at its next step boundary;
@@ -65,10 +62,6 @@ class InlineControls:
         process (`agent_jobs.controls.fork` says what it copies, asks again and
         refuses)."""
         return self.commands.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
-
-    def _unpause(self, run_id: str) -> None:
-        """The run was resumed: its wait at the step boundary ends now."""
-        self._unpause_flag(run_id).set()
 
     # --- the step boundary -------------------------------------------------------------
 
@@ -98,16 +91,11 @@ class InlineControls:
     def _held(self, run_id: str) -> None:
         """Wait while the run is paused; a resume here sets its flag, one recorded by
         another process is seen at the next look."""
-        flag = self._unpause_flag(run_id)
+        flag = self.signals.resume_flag(run_id)
         while True:
             flag.wait(self.poll_interval)
             flag.clear()
             current = self._check_cancel(run_id)
             if current is None or current.pause_requested_by is None:
                 break
-        with self._unpause_lock:
-            self._unpaused.pop(run_id, None)
-
-    def _unpause_flag(self, run_id: str) -> threading.Event:
-        with self._unpause_lock:
-            return self._unpaused.setdefault(run_id, threading.Event())
+        self.signals.forget_resume(run_id)

@@ -67,12 +67,12 @@ class HumanWaits:
                 return waits.decided(conn, run_id, wait)
 
         # Before the request can be seen: a decision from now on resolves it.
-        future: Future[Decision] = self.runner._pending_future(run_id, wait.call.id)
+        future: Future[Decision] = self.runner.signals.expect(run_id, wait.call.id)
         if wait.requested:  # on record and streamed with the turn's other calls
             described = waits.approval(wait)
             decided = recorded()
             if decided is not None:  # decided before the turn came to it: no wait
-                self.runner._forget_future(run_id, wait.call.id)
+                self.runner.signals.forget(run_id, wait.call.id)
                 self._complete(described, waits.decision_result(decided))
                 return decided
             with store.begin() as conn:
@@ -101,7 +101,7 @@ class HumanWaits:
                 return waits.answered(conn, run_id, wait.request_id)
 
         described = waits.answers(wait)
-        future: Future[dict[str, Any]] = self.runner._pending_future(run_id, wait.request_id)
+        future: Future[dict[str, Any]] = self.runner.signals.expect(run_id, wait.request_id)
         with store.begin() as conn:
             self._lock(conn)
             waits.ask(conn, run_id, wait)
@@ -170,7 +170,7 @@ class HumanWaits:
                     if found is not None:
                         return found
         finally:
-            self.runner._forget_future(run_id, key)
+            self.runner.signals.forget(run_id, key)
 
     def _expire(self) -> None:
         """Decide the run's calls past their deadline, and stream what was escalated."""

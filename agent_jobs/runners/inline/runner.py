@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -69,6 +69,7 @@ from . import abandoned
 from .controls import InlineControls
 from .human_waits import HumanWaits
 from .queue import QueuedTurns
+from .signals import Signals
 from .wake import InlineWake
 
 T = TypeVar("T")
@@ -267,12 +268,10 @@ class InlineRunner(QueuedTurns, InlineControls):
         self.poll_interval = poll_interval
         # Provider rate limits: in Redis with a Redis URL set, else in this process.
         self.limits = ModelGate.inline(app, self.settings)
+        self.signals = Signals()  # what its turns wait on, set from other threads
         self._lock = threading.Lock()
-        self._futures: dict[tuple[str, str], Future[Any]] = {}
         self._finished: dict[str, threading.Event] = {}
-        self._cancelled: dict[str, threading.Event] = {}
         self._init_queue()
-        self._init_controls()
         self.wake = InlineWake(self, runs_per_actor)
         self.commands = Commands(store, app, self.wake)
         check_webhook(self.settings)  # a webhook without a secret: refused before a run
@@ -368,13 +367,6 @@ class InlineRunner(QueuedTurns, InlineControls):
         """Ask the run (and its children) to stop at the next boundary."""
         return self.commands.cancel(run_id, cause, keep_inbox=keep_inbox)
 
-    def _release(self, run_id: str, key: str, value: Any) -> None:
-        """A decision or answers were recorded: the turn waiting for them goes on."""
-        with self._lock:
-            future = self._futures.get((run_id, key))
-        if future is not None and not future.done():
-            future.set_result(value)
-
     def _abandoned(self, **in_the_way: Any) -> None:
         """End the runs in a run's way whose process is gone (runners/inline/abandoned.py)."""
         if abandoned.end_in_the_way(self.store, self.app, streams=self.streams, **in_the_way):
@@ -382,9 +374,7 @@ class InlineRunner(QueuedTurns, InlineControls):
 
     def _stopping(self, run_ids: Sequence[str]) -> None:
         """Runs were asked to stop: wake their waits (a retry's, a queued run's)."""
-        with self._lock:
-            for target in run_ids:
-                self._cancelled.setdefault(target, threading.Event()).set()
+        self.signals.stop(run_ids)
         self._nudge()
 
     def _check_cancel(self, run_id: str) -> RunView | None:
@@ -412,20 +402,11 @@ class InlineRunner(QueuedTurns, InlineControls):
 
     def _sleep(self, run_id: str, seconds: float) -> None:
         """Wait before a retry, waking early to stop if the run is cancelled."""
-        with self._lock:
-            flag = self._cancelled.setdefault(run_id, threading.Event())
+        flag = self.signals.stop_event(run_id)
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             flag.wait(min(left, self.poll_interval))
             self._check_cancel(run_id)
-
-    def _pending_future(self, run_id: str, key: str) -> Future[Any]:
-        with self._lock:
-            return self._futures.setdefault((run_id, key), Future())
-
-    def _forget_future(self, run_id: str, key: str) -> None:
-        with self._lock:
-            self._futures.pop((run_id, key), None)
 
     # --- the background turn -----------------------------------------------------------
 

@@ -80,14 +80,14 @@ class InlineWake:
         return affected + [target for target in ended if target not in affected]
 
     def decided(self, run_id: str, key: str, value: Any) -> None:
-        self.inline._release(run_id, key, value)
+        self.inline.signals.release(run_id, key, value)
 
     def paused(self, run_ids: Sequence[str]) -> None:
         """Nothing to do: the turn pauses at its next step boundary, where it looks."""
 
     def resumed(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
-            self.inline._unpause(run_id)
+            self.inline.signals.resume(run_id)
 
     def retried(self, run_id: str, sends: Sequence[tuple[str, str]]) -> None:
         self.inline._drive(run_id)  # from its start, its journal read back
