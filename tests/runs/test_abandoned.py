@@ -169,13 +169,13 @@ def test_a_run_with_no_driver_or_a_live_one_keeps_its_place(
     inline: InlineRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looks: list[str | None] = []  # each finished look for abandoned runs in a run's way
-    ends_abandoned = inline._abandoned
+    ends_abandoned = inline.queued.clear_way
 
     def counted(**in_the_way: Any) -> None:
         ends_abandoned(**in_the_way)
         looks.append(in_the_way.get("but"))
 
-    monkeypatch.setattr(inline, "_abandoned", counted)
+    monkeypatch.setattr(inline.queued, "clear_way", counted)
     abandoned_run(inline.store, "unknown-1", None, concurrency_key="user-7")
     run_id = inline.start("single_slow", "next", actor="user-7")
     # The queued run looked twice (the second look follows the first's admission check,

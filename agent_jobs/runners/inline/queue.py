@@ -11,44 +11,66 @@ the same database count too; one of those ending is seen at the next look, withi
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from ...app import AgentApp
 from ...executor import StepEnv
 from ...store import RunView, Store
 from ...store import runs as run_rows
-from ...streams.base import RunStream
+from ...streams.base import MemoryStreams, RunStream
 from .. import boundary
 from ..turn import Ending, announce_end, finish_turn
+from . import abandoned
 
 OTHERS_POLL = 1.0  # seconds between looks while nothing here ends
 
 
-class QueuedTurns:
-    """What the inline runner does for its runs that wait for their turn."""
+class QueuedRuns:
+    """The runs of one runner that wait for their turn here, and what lets them look
+    again: a run of this runner that ends, a stop asked for, an abandoned run ended."""
 
-    app: AgentApp
-    store: Store
-    _abandoned: Callable[..., None]  # InlineRunner's
-
-    def _init_queue(self) -> None:
+    def __init__(self, app: AgentApp, store: Store, streams: MemoryStreams) -> None:
+        self.app = app
+        self.store = store
+        self.streams = streams
         self._ended = threading.Condition()
         self._ends = 0  # how many times something that may free a place happened here
 
-    def _nudge(self) -> None:
+    def nudge(self) -> None:
         """A run here ended (or was asked to stop): the waiting ones look again."""
         with self._ended:
             self._ends += 1
             self._ended.notify_all()
 
-    def _admitted(self, run: RunView, stream: RunStream) -> RunView | None:
+    def clear_way(
+        self,
+        *,
+        thread_id: str | None,
+        agent: str | None = None,
+        key: str | None = None,
+        but: str | None = None,
+    ) -> None:
+        """End the runs in a run's way whose process is gone (runners/inline/abandoned.py);
+        a place they free is looked for again at once."""
+        ended = abandoned.end_in_the_way(
+            self.store,
+            self.app,
+            thread_id=thread_id,
+            agent=agent,
+            key=key,
+            but=but,
+            streams=self.streams,
+        )
+        if ended:
+            self.nudge()
+
+    def admitted(self, run: RunView, stream: RunStream) -> RunView | None:
         """Wait until the queued run may begin; returns it `running`, or None when it was
         cancelled (or ran past its deadline) while it waited, and has ended so."""
         while True:
             with self._ended:
                 seen = self._ends
             env = StepEnv(app=self.app, stream=stream)
-            self._abandoned(
+            self.clear_way(
                 thread_id=run.thread_id, agent=run.agent, key=run.concurrency_key, but=run.run_id
             )
             with self.store.begin() as conn:

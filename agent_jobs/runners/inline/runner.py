@@ -65,10 +65,9 @@ from ..turn import (
     start_turn,
     turn_for,
 )
-from . import abandoned
 from .controls import InlineControls
 from .human_waits import HumanWaits
-from .queue import QueuedTurns
+from .queue import QueuedRuns
 from .signals import Signals
 from .wake import InlineWake
 
@@ -246,7 +245,7 @@ class InlineHooks(HumanWaits, LoopHooks):
         return True
 
 
-class InlineRunner(QueuedTurns, InlineControls):
+class InlineRunner(InlineControls):
     """Drives turns in this process. `start` returns at once; `wait` blocks for the end."""
 
     def __init__(
@@ -271,7 +270,7 @@ class InlineRunner(QueuedTurns, InlineControls):
         self.signals = Signals()  # what its turns wait on, set from other threads
         self._lock = threading.Lock()
         self._finished: dict[str, threading.Event] = {}
-        self._init_queue()
+        self.queued = QueuedRuns(app, store, self.streams)  # runs waiting for a place
         self.wake = InlineWake(self, runs_per_actor)
         self.commands = Commands(store, app, self.wake)
         check_webhook(self.settings)  # a webhook without a secret: refused before a run
@@ -367,15 +366,10 @@ class InlineRunner(QueuedTurns, InlineControls):
         """Ask the run (and its children) to stop at the next boundary."""
         return self.commands.cancel(run_id, cause, keep_inbox=keep_inbox)
 
-    def _abandoned(self, **in_the_way: Any) -> None:
-        """End the runs in a run's way whose process is gone (runners/inline/abandoned.py)."""
-        if abandoned.end_in_the_way(self.store, self.app, streams=self.streams, **in_the_way):
-            self._nudge()
-
     def _stopping(self, run_ids: Sequence[str]) -> None:
         """Runs were asked to stop: wake their waits (a retry's, a queued run's)."""
         self.signals.stop(run_ids)
-        self._nudge()
+        self.queued.nudge()
 
     def _check_cancel(self, run_id: str) -> RunView | None:
         """Raise `Cancelled` if a cancel was asked for here, elsewhere, or the deadline
@@ -424,14 +418,14 @@ class InlineRunner(QueuedTurns, InlineControls):
             run = self.store.get_run(run_id)
             stream = RunStream(self.streams, run.root_run_id, run_id)
             try:  # a queued run waits for its thread's turn, or a place of its key
-                began = self._admitted(run, stream) if run.status == "queued" else run
+                began = self.queued.admitted(run, stream) if run.status == "queued" else run
                 next_run = self._turn(began, stream) if began is not None else None
             finally:
                 if run.root_run_id == run_id:
                     stream.end()
         finally:
             done.set()
-            self._nudge()  # this one ended: a run waiting here may begin
+            self.queued.nudge()  # this one ended: a run waiting here may begin
         if next_run is not None:
             self._drive(next_run)
 

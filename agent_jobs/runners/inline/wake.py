@@ -44,7 +44,8 @@ class InlineWake:
     def admission(self, request: RunRequest | None) -> Iterator[None]:
         inline = self.inline
         if request is not None and request.thread_id is not None:
-            inline._abandoned(thread_id=request.thread_id)  # a turn left by a process that is gone
+            # A turn left on its thread by a process that is gone ends first.
+            inline.queued.clear_way(thread_id=request.thread_id)
         with self._admitting:
             if request is not None:
                 self._check_room(request)
