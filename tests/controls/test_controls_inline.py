@@ -68,14 +68,14 @@ def test_a_run_driven_here_pauses_at_its_next_boundary_and_resumes(
 ) -> None:
     runner = inline.runner
     looks: list[str] = []  # each look of the run's thread at a boundary, or while held
-    look = runner._check_cancel
+    look = runner.stops.look
 
     def counted(run_id: str) -> RunView | None:
         found = look(run_id)
         looks.append(run_id)
         return found
 
-    monkeypatch.setattr(runner, "_check_cancel", counted)
+    monkeypatch.setattr(runner.stops, "look", counted)
     run_id = runner.start("pausable", "go", actor="user-7")
     inline.wait_for(lambda: "crawl:start" in ran(run_id), "the slow read to start")
     pauser = runner if resumer == "here" else inline.elsewhere

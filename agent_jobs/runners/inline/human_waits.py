@@ -164,7 +164,7 @@ class HumanWaits:
                 try:
                     return future.result(timeout=self.runner.poll_interval)
                 except FutureTimeout:
-                    self.runner._check_cancel(run_id)
+                    self.runner.stops.look(run_id)
                     self._expire()
                     found = recorded()
                     if found is not None:

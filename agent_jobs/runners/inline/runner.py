@@ -6,6 +6,11 @@ another process recorded in the database, which the waiting turn polls for). Rea
 overlap on a thread pool. A cancel, a steering message or a model switch posted by
 another process reaches the turn through the database at its next boundary. Single
 process, no broker: the embedded default.
+
+A retried or forked run is driven from its start with the steps its journal holds read
+back instead of run, each step's last attempt as a durable retry left it, checked by name
+and position as a durable replay checks them (runners/cursor.py); what the journal lacks
+runs, numbered after its last row.
 """
 
 from __future__ import annotations
@@ -13,16 +18,15 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
-from ... import session
+from ... import controls, session
 from ...admission import IfBusy
 from ...app import AgentApp
 from ...approvals.reconcile import Reconciliation
@@ -52,7 +56,6 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import Frame, MemoryStreams, RunStream
-from .. import boundary
 from ..cursor import JournalCursor, Marker
 from ..turn import (
     Ending,
@@ -65,10 +68,11 @@ from ..turn import (
     start_turn,
     turn_for,
 )
-from .controls import InlineControls
+from .boundary import Boundary
 from .human_waits import HumanWaits
 from .queue import QueuedRuns
 from .signals import Signals
+from .stops import Stops
 from .wake import InlineWake
 
 T = TypeVar("T")
@@ -99,7 +103,7 @@ class InlineHooks(HumanWaits, LoopHooks):
         slot = self.cursor.take(call.name)
         if (recorded := self.cursor.done(call.name, slot.row)) is not None:
             return recorded.result
-        self.runner._boundary(self.run.run_id)  # every step boundary: a stop, a pause
+        self.runner.boundary.check(self.run.run_id)  # every step boundary: a stop, a pause
         seq = slot.seq
         intent = call.intent
         store = self.runner.store
@@ -159,7 +163,7 @@ class InlineHooks(HumanWaits, LoopHooks):
                 env.stream.extra["attempt"] = attempt
                 env.stream.emit("status", status="retrying", step=step, attempt=attempt)
             if runner.limits is not None:  # capacity under the provider's rate limits
-                wait = functools.partial(runner._sleep, self.run.run_id)
+                wait = functools.partial(runner.stops.sleep, self.run.run_id)
                 runner.limits.wait(intent.request, f"{self.run.run_id}:{step}", wait)
             try:
                 result = dump(execute_remote(intent, env, step))
@@ -179,7 +183,7 @@ class InlineHooks(HumanWaits, LoopHooks):
                     env.flush_events(conn)
                 if action.kind == "abort":
                     raise ModelError(action.reason, kind=error.kind) from error
-                runner._sleep(self.run.run_id, action.delay)
+                runner.stops.sleep(self.run.run_id, action.delay)
                 attempt += 1
                 continue
             env.event(
@@ -200,7 +204,7 @@ class InlineHooks(HumanWaits, LoopHooks):
         slot = self.cursor.take(name)
         if (recorded := self.cursor.done(name, slot.row)) is not None:
             return DelegationOutcome.model_validate(recorded.result)
-        runner._boundary(self.run.run_id)
+        runner.boundary.check(self.run.run_id)
         with runner.store.begin() as conn:
             child_id = create_child(
                 conn, runner.app, self.run, delegation, runner="inline", status="running"
@@ -245,7 +249,7 @@ class InlineHooks(HumanWaits, LoopHooks):
         return True
 
 
-class InlineRunner(InlineControls):
+class InlineRunner:
     """Drives turns in this process. `start` returns at once; `wait` blocks for the end."""
 
     def __init__(
@@ -271,6 +275,22 @@ class InlineRunner(InlineControls):
         self._lock = threading.Lock()
         self._finished: dict[str, threading.Event] = {}
         self.queued = QueuedRuns(app, store, self.streams)  # runs waiting for a place
+        self.stops = Stops(
+            app,
+            store,
+            self.streams,
+            signals=self.signals,
+            queued=self.queued,
+            poll_interval=poll_interval,
+        )
+        self.boundary = Boundary(
+            app,
+            store,
+            self.streams,
+            signals=self.signals,
+            stops=self.stops,
+            poll_interval=poll_interval,
+        )
         self.wake = InlineWake(self, runs_per_actor)
         self.commands = Commands(store, app, self.wake)
         check_webhook(self.settings)  # a webhook without a secret: refused before a run
@@ -366,41 +386,29 @@ class InlineRunner(InlineControls):
         """Ask the run (and its children) to stop at the next boundary."""
         return self.commands.cancel(run_id, cause, keep_inbox=keep_inbox)
 
-    def _stopping(self, run_ids: Sequence[str]) -> None:
-        """Runs were asked to stop: wake their waits (a retry's, a queued run's)."""
-        self.signals.stop(run_ids)
-        self.queued.nudge()
+    # --- operator controls (docs/operating.md, "Operator controls") ----------------------
 
-    def _check_cancel(self, run_id: str) -> RunView | None:
-        """Raise `Cancelled` if a cancel was asked for here, elsewhere, or the deadline
-        passed (the boundary's first gate, looked at between waits too); else the run as
-        it stands."""
-        with self.store.connect() as conn:
-            row = run_rows.get_run(conn, run_id)
-        if row is None:
-            return None
-        run = RunView.from_row(row)
-        if boundary.stops(run):  # the look only reads; the stop may write (a deadline's)
-            with self.store.begin() as conn:
-                stopped = boundary.stop(conn, run)
-            if stopped is not None:
-                self._stop(run_id, stopped)
-        return run
+    def pause(self, run_id: str, *, actor: str) -> list[str]:
+        """Ask the run (and its delegated runs) to pause at its next step boundary;
+        returns the ids asked (`ControlRefusedError` for a run that cannot pause)."""
+        return self.commands.pause(run_id, actor=actor)
 
-    def _stop(self, run_id: str, stop: boundary.Stop) -> NoReturn:
-        """The run stops at a boundary: raise `Cancelled`. When the boundary recorded the
-        cancel (its deadline passed), what a cancel's wake does follows (`InlineWake`)."""
-        if stop.asked:
-            self.wake.cancelled(run_id, list(stop.asked))
-        raise Cancelled(stop.cause)
+    def resume(self, run_id: str, *, actor: str) -> list[str]:
+        """Let the paused run (and its delegated runs) go on; returns the ids resumed."""
+        return self.commands.resume(run_id, actor=actor)
 
-    def _sleep(self, run_id: str, seconds: float) -> None:
-        """Wait before a retry, waking early to stop if the run is cancelled."""
-        flag = self.signals.stop_event(run_id)
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            flag.wait(min(left, self.poll_interval))
-            self._check_cancel(run_id)
+    def retry(self, run_id: str, *, actor: str) -> controls.Retried:
+        """Run a run of this runner that failed on a step again, in this process, from its
+        failed step on."""
+        return self.commands.retry(run_id, actor=actor)
+
+    def fork(
+        self, run_id: str, at: str, *, actor: str, keep_decisions: bool = False
+    ) -> controls.Forked:
+        """Fork any run at step `at` into a new run on a new thread, driven in this
+        process (`agent_jobs.controls.fork` says what it copies, asks again and
+        refuses)."""
+        return self.commands.fork(run_id, at, actor=actor, keep_decisions=keep_decisions)
 
     # --- the background turn -----------------------------------------------------------
 

@@ -19,7 +19,6 @@ from ...errors import TooManyRunsError
 from ...runs import RunRequest
 from ...store import runs as run_rows
 from ...store.runs import RunStatus
-from . import abandoned
 
 if TYPE_CHECKING:
     from .runner import InlineRunner
@@ -70,15 +69,10 @@ class InlineWake:
         self.inline._drive(run_id)
 
     def stopping(self, run_ids: Sequence[str]) -> None:
-        self.inline._stopping(run_ids)
+        self.inline.stops.stopping(run_ids)
 
     def cancelled(self, run_id: str, affected: list[str]) -> list[str]:
-        self.stopping(affected)
-        # An inline run whose process is gone has none to see the cancel: it ends here
-        # (one cancelled before too: its cancel was recorded, and nothing saw it).
-        inline = self.inline
-        ended = abandoned.end(inline.store, inline.app, [run_id, *affected], streams=inline.streams)
-        return affected + [target for target in ended if target not in affected]
+        return self.inline.stops.cancelled(run_id, affected)
 
     def decided(self, run_id: str, key: str, value: Any) -> None:
         self.inline.signals.release(run_id, key, value)
