@@ -1,8 +1,9 @@
 """The inline runner's human waits: a decision on an action, answers to a tool's
-questions. The turn parks its run, streams the request, and waits on a future that
-`InlineRunner.signal`/`answer` resolve, polling the database between waits for what
-another process recorded (`agent-jobs approve`, the listener), a cancel, and the
-deadlines of the run's calls (approvals/deadlines.py), which it decides itself.
+questions. The turn parks its run, streams the request, and waits on a future that a
+decision or answers recorded here resolve (runners/inline/signals.py), polling the
+database between waits for what another process recorded (`agent-jobs approve`, the
+listener), a cancel, and the deadlines of the run's calls (approvals/deadlines.py),
+which it decides itself.
 
 What is recorded and streamed is `runners/waits.py`'s, as in the durable runner.
 """
@@ -12,35 +13,51 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
+from ...app import AgentApp
 from ...approvals import deadlines
 from ...checkpoints import Decision
 from ...hooks import AnswersWait, ApprovalRequests, ApprovalWait
-from ...store import RunView
+from ...store import RunView, Store
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import RunStream
 from .. import waits
-
-if TYPE_CHECKING:
-    from ..cursor import JournalCursor
-    from .runner import InlineRunner
+from ..cursor import JournalCursor
+from .signals import Signals
+from .stops import Stops
 
 T = TypeVar("T")
 
 
 class HumanWaits:
-    """The human-wait hooks of `InlineHooks`."""
+    """A turn's waits for a person, which its hooks (`InlineHooks`) hand on here."""
 
-    runner: InlineRunner
-    run: RunView
-    stream: RunStream
-    cursor: JournalCursor  # what a retried or forked run's journal holds already
+    def __init__(
+        self,
+        run: RunView,
+        stream: RunStream,
+        cursor: JournalCursor,
+        *,
+        app: AgentApp,
+        store: Store,
+        signals: Signals,
+        stops: Stops,
+        poll_interval: float,
+    ) -> None:
+        self.run = run
+        self.stream = stream
+        self.cursor = cursor  # the turn's: what a retried or forked run's journal holds
+        self.app = app
+        self.store = store
+        self.signals = signals
+        self.stops = stops
+        self.poll_interval = poll_interval
 
     def request_approvals(self, requests: ApprovalRequests) -> None:
         """Put every decision the turn needs on record and stream its request, at once."""
@@ -49,7 +66,7 @@ class HumanWaits:
             slot = self.cursor.take(step)
             if self.cursor.done(step, slot.row) is not None:
                 continue  # decided already, in the journal
-            with self.runner.store.begin() as conn:
+            with self.store.begin() as conn:
                 described = self._requested(conn, wait)
                 self._journal_wait(conn, described, slot.seq)
             self._announce(described.frames)
@@ -60,19 +77,19 @@ class HumanWaits:
         slot = self.cursor.earlier(step) if wait.requested else self.cursor.take(step)
         if (journaled := self.cursor.done(step, slot.row)) is not None:
             return waits.recorded_decision(journaled.result)
-        run_id, store = wait.run_id, self.runner.store
+        run_id, store = wait.run_id, self.store
 
         def recorded() -> Decision | None:
             with store.connect() as conn:
                 return waits.decided(conn, run_id, wait)
 
         # Before the request can be seen: a decision from now on resolves it.
-        future: Future[Decision] = self.runner.signals.expect(run_id, wait.call.id)
+        future: Future[Decision] = self.signals.expect(run_id, wait.call.id)
         if wait.requested:  # on record and streamed with the turn's other calls
             described = waits.approval(wait)
             decided = recorded()
             if decided is not None:  # decided before the turn came to it: no wait
-                self.runner.signals.forget(run_id, wait.call.id)
+                self.signals.forget(run_id, wait.call.id)
                 self._complete(described, waits.decision_result(decided))
                 return decided
             with store.begin() as conn:
@@ -94,14 +111,14 @@ class HumanWaits:
         slot = self.cursor.take(step)
         if (journaled := self.cursor.done(step, slot.row)) is not None:
             return waits.recorded_answers(journaled.result)
-        run_id, store = wait.run_id, self.runner.store
+        run_id, store = wait.run_id, self.store
 
         def recorded() -> dict[str, Any] | None:
             with store.connect() as conn:
                 return waits.answered(conn, run_id, wait.request_id)
 
         described = waits.answers(wait)
-        future: Future[dict[str, Any]] = self.runner.signals.expect(run_id, wait.request_id)
+        future: Future[dict[str, Any]] = self.signals.expect(run_id, wait.request_id)
         with store.begin() as conn:
             self._lock(conn)
             waits.ask(conn, run_id, wait)
@@ -115,9 +132,7 @@ class HumanWaits:
     def _requested(self, conn: Connection, wait: ApprovalWait) -> waits.HumanWait:
         """The request on the call's record, with its deadline if its tool has one."""
         call, now = wait.call, utcnow()
-        deadline = deadlines.request(
-            conn, self.runner.app, self.run.run_id, call.id, call.name, now
-        )
+        deadline = deadlines.request(conn, self.app, self.run.run_id, call.id, call.name, now)
         return waits.approval(wait, deadline)
 
     def _journal_wait(self, conn: Connection, wait: waits.HumanWait, seq: int) -> None:
@@ -144,11 +159,11 @@ class HumanWaits:
         self.stream.emit_many(list(frames))
 
     def _complete(self, wait: waits.HumanWait, result: dict[str, Any]) -> None:
-        with self.runner.store.begin() as conn:
+        with self.store.begin() as conn:
             journal_rows.complete(conn, self.run.run_id, wait.step, state="done", result=result)
 
     def _resume(self, wait: waits.HumanWait, result: dict[str, Any]) -> None:
-        with self.runner.store.begin() as conn:
+        with self.store.begin() as conn:
             journal_rows.complete(conn, self.run.run_id, wait.step, state="done", result=result)
             run_rows.set_status(conn, self.run.run_id, "running")
         self._announce((waits.RESUMED,))
@@ -162,21 +177,21 @@ class HumanWaits:
         try:
             while True:
                 try:
-                    return future.result(timeout=self.runner.poll_interval)
+                    return future.result(timeout=self.poll_interval)
                 except FutureTimeout:
-                    self.runner.stops.look(run_id)
+                    self.stops.look(run_id)
                     self._expire()
                     found = recorded()
                     if found is not None:
                         return found
         finally:
-            self.runner.signals.forget(run_id, key)
+            self.signals.forget(run_id, key)
 
     def _expire(self) -> None:
         """Decide the run's calls past their deadline, and stream what was escalated."""
-        if not self.runner.app.registry.deadlined:
+        if not self.app.registry.deadlined:
             return
-        with self.runner.store.begin() as conn:
-            timed_out = deadlines.expire_run(conn, self.runner.app, self.run.run_id)
+        with self.store.begin() as conn:
+            timed_out = deadlines.expire_run(conn, self.app, self.run.run_id)
         for found in timed_out:
             self._announce(found.frames)

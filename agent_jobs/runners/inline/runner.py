@@ -30,11 +30,14 @@ from ... import controls, session
 from ...admission import IfBusy
 from ...app import AgentApp
 from ...approvals.reconcile import Reconciliation
-from ...checkpoints import DelegationOutcome
+from ...checkpoints import Decision, DelegationOutcome
 from ...commands import Commands
 from ...errors import AgentJobsError, Cancelled, ModelError
 from ...executor import StepEnv, execute_local, execute_remote
 from ...hooks import (
+    AnswersWait,
+    ApprovalRequests,
+    ApprovalWait,
     Delegation,
     LoopHooks,
     ParallelBlock,
@@ -79,7 +82,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class InlineHooks(HumanWaits, LoopHooks):
+class InlineHooks(LoopHooks):
     def __init__(self, runner: InlineRunner, run: RunView, stream: RunStream) -> None:
         self.runner = runner
         self.run = run
@@ -88,6 +91,25 @@ class InlineHooks(HumanWaits, LoopHooks):
         # each checked against its position as a durable replay checks it.
         with runner.store.connect() as conn:
             self.cursor = JournalCursor(journal_rows.load_for_replay(conn, run.run_id))
+        self.humans = HumanWaits(
+            run,
+            stream,
+            self.cursor,
+            app=runner.app,
+            store=runner.store,
+            signals=runner.signals,
+            stops=runner.stops,
+            poll_interval=runner.poll_interval,
+        )
+
+    def request_approvals(self, requests: ApprovalRequests) -> None:
+        self.humans.request_approvals(requests)
+
+    def await_approval(self, wait: ApprovalWait) -> Decision:
+        return self.humans.await_approval(wait)
+
+    def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
+        return self.humans.await_answers(wait)
 
     def _env(self, step: str | None = None, attempt: int = 1) -> StepEnv:
         """Each step (and each parallel task) gets its own env: buffers never cross
