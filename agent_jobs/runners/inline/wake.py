@@ -12,28 +12,43 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ...approvals.reconcile import Recorded
 from ...errors import TooManyRunsError
 from ...runs import RunRequest
+from ...store import Store
 from ...store import runs as run_rows
 from ...store.runs import RunStatus
-
-if TYPE_CHECKING:
-    from .runner import InlineRunner
+from .queue import QueuedRuns
+from .signals import Signals
+from .stops import Stops
+from .turns import Turns
 
 
 class InlineWake:
-    """Wakes the turns of `runner`. With `runs_per_actor` (a server: each run holds a
-    thread until it ends, one parked on a person too) an actor may have that many going
-    at once."""
+    """Wakes the turns of one inline runner through its parts. With `runs_per_actor` (a
+    server: each run holds a thread until it ends, one parked on a person too) an actor
+    may have that many going at once."""
 
     runner: Literal["durable", "inline"] = "inline"
     new_status: RunStatus = "running"
 
-    def __init__(self, inline: InlineRunner, runs_per_actor: int | None = None) -> None:
-        self.inline = inline
+    def __init__(
+        self,
+        store: Store,
+        *,
+        signals: Signals,
+        queued: QueuedRuns,
+        stops: Stops,
+        turns: Turns,
+        runs_per_actor: int | None = None,
+    ) -> None:
+        self.store = store
+        self.signals = signals
+        self.queued = queued
+        self.stops = stops
+        self.turns = turns
         self.runs_per_actor = runs_per_actor
         # A run id is taken by the first request that names it: the check and the start
         # are one step for the requests of this process.
@@ -41,17 +56,16 @@ class InlineWake:
 
     @contextmanager
     def admission(self, request: RunRequest | None) -> Iterator[None]:
-        inline = self.inline
         if request is not None and request.thread_id is not None:
             # A turn left on its thread by a process that is gone ends first.
-            inline.queued.clear_way(thread_id=request.thread_id)
+            self.queued.clear_way(thread_id=request.thread_id)
         with self._admitting:
             if request is not None:
                 self._check_room(request)
             yield
 
     def _check_room(self, request: RunRequest) -> None:
-        store = self.inline.store
+        store = self.store
         if self.runs_per_actor is None:
             return
         if request.run_id is not None and store.find_run(request.run_id) is not None:
@@ -66,26 +80,26 @@ class InlineWake:
             )
 
     def started(self, run_id: str) -> None:
-        self.inline._drive(run_id)
+        self.turns.drive(run_id)
 
     def stopping(self, run_ids: Sequence[str]) -> None:
-        self.inline.stops.stopping(run_ids)
+        self.stops.stopping(run_ids)
 
     def cancelled(self, run_id: str, affected: list[str]) -> list[str]:
-        return self.inline.stops.cancelled(run_id, affected)
+        return self.stops.cancelled(run_id, affected)
 
     def decided(self, run_id: str, key: str, value: Any) -> None:
-        self.inline.signals.release(run_id, key, value)
+        self.signals.release(run_id, key, value)
 
     def paused(self, run_ids: Sequence[str]) -> None:
         """Nothing to do: the turn pauses at its next step boundary, where it looks."""
 
     def resumed(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
-            self.inline.signals.resume(run_id)
+            self.signals.resume(run_id)
 
     def retried(self, run_id: str, sends: Sequence[tuple[str, str]]) -> None:
-        self.inline._drive(run_id)  # from its start, its journal read back
+        self.turns.drive(run_id)  # from its start, its journal read back
 
     def reconciled(self, run_id: str, recorded: Recorded) -> None:
         """Nothing to do: an inline run dies with its process and never waits on an
