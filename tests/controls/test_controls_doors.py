@@ -25,7 +25,7 @@ from tests.support.apps import executed
 from tests.support.doors import Doors, cli, open_doors
 from tests.support.redis_server import RedisServer
 from tests.support.serve import Api, ApiServer, api_env, assert_error
-from tests.support.waiting import TIMEOUT, eventually
+from tests.support.waiting import TIMEOUT, eventually, settled
 
 APP = "tests.support.apps.controls:app"
 
@@ -65,16 +65,7 @@ class Deployment:
     def settled(self, run_id: str) -> dict[str, Any]:
         """The snapshot once two in a row are the same: an ended run's worker may still
         let go of its steps' claims a moment after the run's status says it ended."""
-        last = self.snapshot(run_id)
-
-        def same() -> dict[str, Any] | None:
-            nonlocal last
-            now, before = self.snapshot(run_id), last
-            last = now
-            return now if now == before else None
-
-        found: dict[str, Any] = eventually(same, what=f"the rows of {run_id} to stop changing")
-        return found
+        return settled(lambda: self.snapshot(run_id), what=f"the rows of {run_id}")
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
         """Everything a control could change of the run, and how many runs there are."""

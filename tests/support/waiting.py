@@ -54,6 +54,20 @@ def eventually(
         time.sleep(every)
 
 
+def settled(read: Callable[[], T], *, what: str) -> T:
+    """What `read` returns once two reads in a row are the same: an ended run's worker may
+    still write a moment after the run's status says it ended (a lease let go, a late
+    pass touching its row)."""
+    last = [read()]
+
+    def same() -> T | None:
+        now, before = read(), last[0]
+        last[0] = now
+        return now if now == before else None
+
+    return eventually(same, what=f"{what} to stop changing")
+
+
 def wait_status(
     store: Store,
     run_id: str,
