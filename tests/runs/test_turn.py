@@ -14,7 +14,7 @@ from agent_jobs.observability import diagnostics
 from agent_jobs.settings import Settings
 from agent_jobs.streams.base import Frame
 from tests.support.builders import RecordingModel, support_app
-from tests.support.waiting import TIMEOUT, wait_status
+from tests.support.waiting import TIMEOUT, eventually, wait_status
 
 
 def make_runner(app: AgentApp, store: Store, **settings: Any) -> InlineRunner:
@@ -439,6 +439,28 @@ def test_diagnostics_cost_nothing_without_listeners_and_can_be_turned_off(store:
 
 
 # The inline runner ------------------------------------------------------------------------
+
+
+def test_the_inline_runner_keeps_nothing_of_the_runs_it_drove(store: Store) -> None:
+    """A long-lived process (a server without a broker) drives run after run: once a turn
+    has ended, no event or flag of it is kept, whether it completed or was cancelled."""
+    refund = {"tool_calls": [{"name": "refund", "args": {"order_id": "1", "amount": 1}}]}
+    runner = make_runner(support_app(ScriptedModel([refund, {"text": "k"}])), store)
+    parked = runner.start("support", "a", actor="user-7")
+    wait_status(store, parked, "awaiting_approval")
+    assert runner.cancel(parked) == [parked]  # a stop event is made for it
+    done = runner.start("support", "b", actor="user-7")
+    wait_status(store, done, "awaiting_approval")
+    [call] = store.pending_calls(done)
+    assert runner.signal(done, call["call_id"], "approve", actor="alice")
+    assert runner.wait(done, timeout=TIMEOUT).status == "completed"
+    assert runner.wait(parked, timeout=TIMEOUT).status == "cancelled"
+    ended = {parked, done}
+
+    def nothing_kept() -> bool | None:
+        return not (runner.turns.driving() | runner.signals.held()) & ended or None
+
+    eventually(nothing_kept, what="the ended runs' events and flags to be let go of")
 
 
 def test_start_returns_at_once_and_approvals_are_keyed_by_run(store: Store) -> None:

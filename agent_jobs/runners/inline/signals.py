@@ -71,3 +71,15 @@ class Signals:
         """The run is paused no more."""
         with self._lock:
             self._resumes.pop(run_id, None)
+
+    def forget_run(self, run_id: str) -> None:
+        """The run's turn ended here: nothing of it waits any more (a long-lived process
+        keeps no event per run it ever drove)."""
+        with self._lock:
+            self._stops.pop(run_id, None)
+            self._resumes.pop(run_id, None)
+
+    def held(self) -> set[str]:
+        """The runs something here is kept for (a stop event, a resume flag, a future)."""
+        with self._lock:
+            return {*self._stops, *self._resumes, *(run_id for run_id, _ in self._futures)}

@@ -76,6 +76,20 @@ class Turns:
         if done is not None:
             done.wait(timeout)
 
+    def driving(self) -> set[str]:
+        """The runs whose turn this runner drives now."""
+        with self._lock:
+            return set(self._finished)
+
+    def _forget(self, run_id: str, done: threading.Event) -> None:
+        """The turn ended: a `wait` for it returns at once (the run's row has ended), and
+        nothing of it is kept (unless it is being driven again: a retry)."""
+        with self._lock:
+            if self._finished.get(run_id) is not done:
+                return  # driven again meanwhile (a retry): that turn's signals stand
+            del self._finished[run_id]
+        self.signals.forget_run(run_id)
+
     def nested(self, child: RunView) -> None:
         """A delegated run's turn, on its parent's thread; its frames in its root's stream."""
         self.turn(child, RunStream(self.streams, child.root_run_id, child.run_id))
@@ -136,6 +150,7 @@ class Turns:
                     stream.end()
         finally:
             done.set()
+            self._forget(run_id, done)
             self.queued.nudge()  # this one ended: a run waiting here may begin
         if next_run is not None:
             self.drive(next_run)
