@@ -27,11 +27,10 @@ from ..errors import (
     InvalidRequestError,
     NotAReconcilerError,
     ReconcileRefusedError,
-    UnknownCallError,
-    UnknownRunError,
 )
-from ..store import outcomes, runs, toolcalls
+from ..store import outcomes, runs
 from ..store.db import contains_nul, utcnow
+from .record import locked_call
 
 Outcome = Literal["succeeded", "failed", "retry"]
 OUTCOMES: tuple[Outcome, ...] = ("succeeded", "failed", "retry")
@@ -125,12 +124,7 @@ def record_reconciliation(
     """
     # The run's lock: a pass that parks or resumes the run goes before or after, never
     # between the checks and the write.
-    run = runs.lock_run(conn, run_id)
-    if run is None:
-        raise UnknownRunError(run_id)
-    call = toolcalls.get_call(conn, run_id, call_id)
-    if call is None:
-        raise UnknownCallError(run_id, call_id)
+    run, call = locked_call(conn, run_id, call_id)
     if not may_reconcile(app, call.name, decision.actor):
         tool = app.registry.get(call.name)
         roles = ", ".join(sorted({*(tool.approvers or ()), SERVICE_ROLE}))

@@ -50,12 +50,7 @@ def record_decision(
     """
     # The run's lock: a run that ends while the decision is checked ends before it or
     # after it is recorded, never in between.
-    run = runs.lock_run(conn, run_id)
-    if run is None:
-        raise UnknownRunError(run_id)
-    call = toolcalls.get_call(conn, run_id, call_id)
-    if call is None:
-        raise UnknownCallError(run_id, call_id)
+    run, call = locked_call(conn, run_id, call_id)
     if contains_nul([decision.actor, decision.reason]):
         raise DecisionRefusedError("the actor and the reason must not contain NUL characters")
     check_approver(app, call, decision.actor)
@@ -87,6 +82,18 @@ def record_decision(
     journal.complete(conn, run_id, step, state="done", result=decision.model_dump(mode="json"))
     observe.decided(run, call, decision.decision, step)  # the caller commits it next
     return "recorded"
+
+
+def locked_call(conn: Connection, run_id: str, call_id: str) -> tuple[Any, Any]:
+    """The run's row, locked until the transaction ends, and its call's; `UnknownRunError`
+    or `UnknownCallError` when there is none."""
+    run = runs.lock_run(conn, run_id)
+    if run is None:
+        raise UnknownRunError(run_id)
+    call = toolcalls.get_call(conn, run_id, call_id)
+    if call is None:
+        raise UnknownCallError(run_id, call_id)
+    return run, call
 
 
 def decider_roles(
