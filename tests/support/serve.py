@@ -21,7 +21,7 @@ from tests.support.doors import Doors, open_doors, wait_for
 from tests.support.redis_server import free_port
 from tests.support.workers import Process
 
-ACTORS = ("user-7", "bob", "alice", "carol", "eve", "backend")
+ACTORS = ("user-7", "bob", "alice", "carol", "eve", "backend", "olga")
 # A token per actor, fresh for each test session: they must never show in a log.
 TOKENS = {actor: f"tok-{actor}-{uuid.uuid4().hex}" for actor in ACTORS}
 TOKENS_JSON = json.dumps({token: actor for actor, token in TOKENS.items()})

@@ -1,7 +1,8 @@
 """The HTTP API's test app (workers and the server load `tests.support.apps.http:app`).
 
 An actor for each part of the auth model: `user-7` and `bob` ask (support), `alice`
-and `carol` approve (lead), `eve` has no role, `backend` is a service. The refund's
+and `carol` approve (lead), `eve` has no role, `backend` is a service, `olga` an operator
+(reads and controls every run, decides nothing). The refund's
 `note` carries the run's input word for word, so a test chooses the arguments a person
 is shown (markup included). Executions are counted in `tests.apps`' side table.
 """
@@ -23,6 +24,7 @@ ACTORS = {
     "carol": ["lead"],
     "eve": [],
     "backend": ["service"],
+    "olga": ["operator"],
 }
 ANSWER = "Refunded order 42."
 
