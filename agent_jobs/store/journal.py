@@ -70,6 +70,7 @@ class JournalRow:
     holder: str | None  # the process that claimed the step in the pass that scheduled it
     not_before: datetime | None  # held back until then
     fence: int  # the step's epoch (store/holds.py)
+    worker: str | None  # the worker process that ran the step
 
     @classmethod
     def from_row(cls, row: Any) -> Self:
@@ -451,4 +452,5 @@ def row(
         "holder": None,
         "not_before": None,
         "fence": 0,
+        "worker": None,
     }

@@ -17,7 +17,9 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    cast,
     false,
+    literal_column,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -85,10 +87,31 @@ runs = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=True),
 )
-Index("ix_runs_thread", runs.c.thread_id)
-# Only unfinished runs are indexed by status (what the sweep and `runs --status` look
-# for), and `updated_at` is in no index: a pass that touches a run stays a cheap
-# heap-only update in Postgres.
+# The runs list (agent_jobs/store/listing.py): newest first by (created_at, id), one
+# index per filter so each filtered page is a short index scan, however many runs.
+Index("ix_runs_created", runs.c.created_at, runs.c.id)
+Index("ix_runs_status_created", runs.c.status, runs.c.created_at, runs.c.id)
+Index("ix_runs_agent_created", runs.c.agent, runs.c.created_at, runs.c.id)
+Index("ix_runs_actor_created", runs.c.actor, runs.c.created_at, runs.c.id)
+Index("ix_runs_thread_created", runs.c.thread_id, runs.c.created_at, runs.c.id)
+Index("ix_runs_root", runs.c.root_run_id)
+# What a search (`q`) looks in: the run's id, input and metadata, as one text. On Postgres
+# a trigram index over it (pg_trgm) answers `ILIKE '%word%'`: SEARCH_INDEX, made by
+# migration 0008 where the extension can be had, over this very expression (the planner
+# uses it for no other). It is declared nowhere here, since it may not be there; the
+# search works without it, reading the table.
+SEARCH_TEXT = (
+    runs.c.id
+    + literal_column("' '", Text)
+    + runs.c.input
+    + literal_column("' '", Text)
+    + cast(runs.c.metadata, Text)
+)
+SEARCH_INDEX = "ix_runs_search"
+# Unfinished runs are indexed by status alone too (what the sweep and `runs --status` look
+# for). `updated_at` is in no index: a pass that only touches a run (its lease, its
+# waiting step) stays a cheap heap-only update in Postgres. A change of status is not
+# heap-only anyway (status is in these indexes), nor ever was.
 _UNFINISHED = runs.c.status.not_in(("completed", "failed", "cancelled"))
 Index(
     "ix_runs_unfinished",
@@ -154,6 +177,16 @@ tool_calls = Table(
     # A non-idempotent action's handler began (committed before it ran): a worker that
     # died then leaves an outcome nobody knows, which is never retried blindly.
     Column("handler_started_at", DateTime(timezone=True), nullable=True),
+)
+# A reader who may decide some action tools may read the runs that called them
+# (agent_jobs/store/listing.py, `Reader`).
+_ACTION = tool_calls.c.kind == "action"
+Index(
+    "ix_tool_calls_action",
+    tool_calls.c.name,
+    tool_calls.c.run_id,
+    postgresql_where=_ACTION,
+    sqlite_where=_ACTION,
 )
 # Only calls waiting for a person are looked up by status.
 _PENDING = tool_calls.c.status == "pending_approval"
@@ -229,6 +262,8 @@ journal = Table(
     # outcome, a renewed lease, a retry) is refused: only a delivery that read the epoch
     # as it is now writes (runners/durable/runner.py).
     Column("fence", Integer, nullable=False, server_default="0"),
+    # The worker process that ran the step (its session name), for the run's timeline.
+    Column("worker", String(200), nullable=True),
 )
 Index("ix_journal_run_seq", journal.c.run_id, journal.c.seq, unique=True)
 
