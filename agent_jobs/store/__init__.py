@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, SecretStr
 from sqlalchemy import Connection, Engine
@@ -14,6 +14,9 @@ from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
 from .db import READ_ONLY, ensure_schema, is_sqlite, make_engine, upgrade
+
+if TYPE_CHECKING:
+    from .listing import Reader, RunFilter, RunPage
 
 
 class RunView(BaseModel):
@@ -125,6 +128,20 @@ class Store:
         with self.connect() as conn:
             rows = runs.list_runs(conn, limit=limit, status=status, thread_id=thread_id)
         return [RunView.from_row(row) for row in rows]
+
+    def runs_page(
+        self,
+        where: RunFilter,
+        *,
+        reader: Reader | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """A page of the runs list, newest first (store/listing.py)."""
+        from . import listing  # it reads RunView, defined here
+
+        with self.connect() as conn:
+            return listing.list_runs(conn, where, reader=reader, limit=limit, cursor=cursor)
 
     def thread_messages(self, thread_id: str) -> list[Message]:
         with self.connect() as conn:
