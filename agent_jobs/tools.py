@@ -70,6 +70,15 @@ class QuestionsAsked(Exception):
         super().__init__(f"{len(questions)} question(s) for the person")
 
 
+# The roles the doors know by name. `service`: a backend acting for its users — it starts
+# runs for other actors, reads and steers every run, answers any run's questions.
+# `operator`: a person who looks after the system — reads every run and may pause,
+# resume, cancel, retry, fork and reconcile any, but decides calls only as its other roles
+# allow and starts runs only as itself.
+SERVICE_ROLE = "service"
+OPERATOR_ROLE = "operator"
+
+
 class RolesPolicy:
     """Maps an actor to its roles and decides who may run or approve a tool."""
 

@@ -30,12 +30,11 @@ from ..errors import (
 )
 from ..store import outcomes, runs
 from ..store.db import contains_nul, utcnow
+from ..tools import OPERATOR_ROLE, SERVICE_ROLE
 from .record import locked_call
 
 Outcome = Literal["succeeded", "failed", "retry"]
 OUTCOMES: tuple[Outcome, ...] = ("succeeded", "failed", "retry")
-# As the HTTP API's (agent_jobs/http/auth.py): a backend acting for its users.
-SERVICE_ROLE = "service"
 MAX_ERROR = 10_000  # characters of a `failed` message (the model reads it)
 
 
@@ -105,9 +104,10 @@ class Recorded:
 
 
 def may_reconcile(app: AgentApp, tool: str, actor: str) -> bool:
-    """Whether `actor` may say how a call of `tool` ended: a `service` actor, or one whose
-    decision on the call would count (a tool the app no longer defines names no one)."""
-    if SERVICE_ROLE in app.roles.roles_of(actor):
+    """Whether `actor` may say how a call of `tool` ended: a `service` or `operator` actor,
+    or one whose decision on the call would count (a tool the app no longer defines names
+    no one)."""
+    if app.roles.roles_of(actor) & {SERVICE_ROLE, OPERATOR_ROLE}:
         return True
     return tool not in app.registry or app.roles.may_approve(app.registry.get(tool), actor)
 
@@ -127,7 +127,7 @@ def record_reconciliation(
     run, call = locked_call(conn, run_id, call_id)
     if not may_reconcile(app, call.name, decision.actor):
         tool = app.registry.get(call.name)
-        roles = ", ".join(sorted({*(tool.approvers or ()), SERVICE_ROLE}))
+        roles = ", ".join(sorted({*(tool.approvers or ()), SERVICE_ROLE, OPERATOR_ROLE}))
         raise NotAReconcilerError(
             f"actor {decision.actor!r} may not say how call {call_id} ({call.name}) ended: "
             f"it needs one of the roles {roles}"

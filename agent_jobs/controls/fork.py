@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
@@ -119,26 +119,12 @@ def fork(
     `actor`'s own if `actor` may make every one of them. Nothing is written when it is
     refused."""
     actor = checked_actor(actor)
-    if not isinstance(at, str) or not at.strip():
-        raise InvalidRequestError("a fork needs the step to fork at (--at STEP)")
-    found = run_rows.get_run(conn, source_id)
-    if found is None:
-        raise UnknownRunError(source_id)
-    source = RunView.from_row(found)
+    source, prefix, calls, again, open_calls = _plan(conn, source_id, at)
     if runner == "durable" and source.runner != "durable":
         raise ControlRefusedError(
             f"run {source_id} ran on the inline runner, whose journal the durable runner "
             "cannot replay (it records no loop shapes): fork it without a broker"
         )
-    rows = list(journal_rows.load(conn, source_id))
-    if any(row.state == PRUNED for row in rows):
-        raise ControlRefusedError(f"run {source_id}'s journal was pruned: it cannot be forked")
-    point = fork_point(source_id, rows, at)
-    prefix = [row for row in rows if row.seq < point.seq]
-    _check_prefix(source_id, prefix)
-    calls = toolcalls.run_calls(conn, source_id)
-    again = runs_again(calls, [row for row in rows if row.seq >= point.seq])
-    open_calls = undecided_at(calls, prefix)
     kept = kept_decisions(app, source_id, actor, open_calls) if keep_decisions else {}
 
     run_id, thread_id = new_id(), new_id()
@@ -185,6 +171,59 @@ def fork(
         ],
     )
     return answer
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a fork at `at` would run again, before anyone makes it (nothing is written)."""
+
+    at: str
+    runs_again: list[Again]
+    asked_again: list[Again]
+
+    def as_json(self) -> dict[str, Any]:
+        def listed(found: list[Again]) -> list[dict[str, str]]:
+            return [{"step": a.step, "tool": a.tool, "call_id": a.call_id} for a in found]
+
+        return {
+            "at": self.at,
+            "runs_again": listed(self.runs_again),
+            "asked_again": listed(self.asked_again),
+        }
+
+
+def preview(conn: Connection, source_id: str, at: str) -> Preview:
+    """A fork of `source_id` at `at` as `fork` would make it, with no decision kept:
+    refused as it would be; nothing is written."""
+    plan = _plan(conn, source_id, at)
+    return Preview(at, plan.again, _asked_again(plan.again, plan.open_calls, {}))
+
+
+class _Plan(NamedTuple):
+    source: RunView
+    prefix: list[JournalRow]
+    calls: Sequence[Any]
+    again: list[Again]
+    open_calls: dict[str, Any]
+
+
+def _plan(conn: Connection, source_id: str, at: str) -> _Plan:
+    """The source, the journal a fork at `at` copies, and what it runs again; refused
+    (`InvalidRequestError`, `UnknownRunError`, `ControlRefusedError`) where a fork is."""
+    if not isinstance(at, str) or not at.strip():
+        raise InvalidRequestError("a fork needs the step to fork at (--at STEP)")
+    found = run_rows.get_run(conn, source_id)
+    if found is None:
+        raise UnknownRunError(source_id)
+    rows = list(journal_rows.load(conn, source_id))
+    if any(row.state == PRUNED for row in rows):
+        raise ControlRefusedError(f"run {source_id}'s journal was pruned: it cannot be forked")
+    point = fork_point(source_id, rows, at)
+    prefix = [row for row in rows if row.seq < point.seq]
+    _check_prefix(source_id, prefix)
+    calls = toolcalls.run_calls(conn, source_id)
+    again = runs_again(calls, [row for row in rows if row.seq >= point.seq])
+    return _Plan(RunView.from_row(found), prefix, calls, again, undecided_at(calls, prefix))
 
 
 # --- the fork point --------------------------------------------------------------------

@@ -1,15 +1,17 @@
 """Who may do what with a run, decided against the store (never against a frame).
 
-- A run is read (`GET /v1/runs/{id}`, its stream) by its actor, by `service` actors, and
-  by actors who may decide one of the action calls of its tree (the run that was asked
+- A run is read (`GET /v1/runs/{id}`, its steps, its stream, the runs list) by its actor,
+  by `service` and `operator` actors, and by actors who may decide one of the action
+  calls of its tree (the run that was asked
   for and the runs it delegated to): an approver follows what they decide on. Anyone
   else is told there is no such run (404), as for an id that does not exist, so a token
   cannot probe which runs exist.
 - Its calls are decided by the actors the tool's `approvers` name (an escalated call's:
   the roles it went to), checked as the approvals channel checks them
   (`app.roles.may_approve`).
-- Its questions are answered, and it is steered or cancelled, by its actor and by
-  `service` actors; another actor who may read it is refused (403).
+- Its questions are answered, and it is steered, by its actor and by `service` actors;
+  it is cancelled, paused, resumed, retried and forked by those and by `operator` actors;
+  another actor who may read it is refused (403).
 """
 
 from __future__ import annotations
@@ -37,8 +39,13 @@ def owns(caller: Caller, run: RunView) -> bool:
     return caller.is_service or run.actor == caller.actor
 
 
+def controls(caller: Caller, run: RunView) -> bool:
+    """Who may cancel, pause, resume, retry or fork the run: those who own it, operators."""
+    return caller.is_operator or owns(caller, run)
+
+
 def may_read(door: Door, caller: Caller, run: RunView) -> bool:
-    if owns(caller, run):
+    if caller.reads_every_run or owns(caller, run):
         return True
     root = run if run.root_run_id == run.run_id else door.store.find_run(run.root_run_id)
     if root is not None and owns(caller, root):
@@ -64,5 +71,16 @@ def owned_run(door: Door, caller: Caller, run_id: str, doing: str) -> RunView:
     if not owns(caller, run):
         raise NotYoursError(
             f"only run {run_id}'s actor ({run.actor}) or a 'service' actor may {doing}"
+        )
+    return run
+
+
+def controlled_run(door: Door, caller: Caller, run_id: str, doing: str) -> RunView:
+    """The run, when the caller may control it (cancel, pause, resume, retry, fork)."""
+    run = readable_run(door, caller, run_id)
+    if not controls(caller, run):
+        raise NotYoursError(
+            f"only run {run_id}'s actor ({run.actor}), a 'service' or an 'operator' actor "
+            f"may {doing}"
         )
     return run

@@ -14,12 +14,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 from ..errors import ConfigurationError
+from ..tools import OPERATOR_ROLE, SERVICE_ROLE
 from .errors import AuthenticationError
 from .state import server
 
-# An actor holding this role may start runs for another actor, read every run and
-# answer any run's questions: a backend acting for its users.
-SERVICE_ROLE = "service"
 MAX_TOKEN = 4096
 MAX_ACTOR = 200
 
@@ -33,7 +31,17 @@ class Caller:
 
     @property
     def is_service(self) -> bool:
+        """A backend acting for its users (`tools.SERVICE_ROLE`)."""
         return SERVICE_ROLE in self.roles
+
+    @property
+    def is_operator(self) -> bool:
+        """One who looks after every run (`tools.OPERATOR_ROLE`)."""
+        return OPERATOR_ROLE in self.roles
+
+    @property
+    def reads_every_run(self) -> bool:
+        return self.is_service or self.is_operator
 
 
 def _digest(token: str) -> bytes:

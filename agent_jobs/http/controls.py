@@ -1,7 +1,7 @@
 """Operator controls over HTTP: `POST /v1/runs/{run_id}/pause`, `/resume`, `/retry` and
 `/fork` (docs/operating.md, "Operator controls: pause, resume, retry, fork").
 
-Who may: the run's actor and `service` actors, as for a cancel (http/access.py): another
+Who may: the run's actor, `service` and `operator` actors, as for a cancel (http/access.py): another
 actor who may read the run is refused (403), anyone else is told there is no such run
 (404). Each control is recorded as the token's actor. One that does not apply to the run
 as it stands (it has ended, is not paused, did not fail on a step) is 409; a step the run
@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..commands import Commands
-from .access import owned_run
+from .access import controlled_run
 from .auth import CallerDep
 from .errors import ERROR_RESPONSES, ErrorBody
 from .state import server
@@ -70,7 +70,7 @@ class Forked(BaseModel):
 
 def _controlled(request: Request, caller: Any, run_id: str, doing: str) -> Commands:
     door = server(request).door
-    owned_run(door, caller, run_id, doing)
+    controlled_run(door, caller, run_id, doing)
     return door.commands
 
 

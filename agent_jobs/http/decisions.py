@@ -8,10 +8,7 @@ refuses is answered by its type (http/errors.py).
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,16 +18,16 @@ from starlette.concurrency import run_in_threadpool
 
 from . import sse
 from .access import owned_run, readable_run
-from .auth import Caller, CallerDep
+from .auth import CallerDep
 from .bodies import AnswersBody, DecisionBody, Recorded
 from .errors import (
-    DATABASE_ERRORS,
     ERROR_RESPONSES,
     ConflictError,
     ErrorBody,
 )
 from .inbox import inbox
-from .state import Release, ServerState, server
+from .polled import polled_events
+from .state import server
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["approvals"], responses=ERROR_RESPONSES)
@@ -58,39 +55,15 @@ async def approvals_stream(request: Request, caller: CallerDep) -> StreamingResp
     state = server(request)
     first = await run_in_threadpool(inbox, state.door, caller)
     release = state.slots.claim(caller.actor)
+    events = polled_events(
+        state, lambda: inbox(state.door, caller), first, release, f"inbox of {caller.actor}"
+    )
     return StreamingResponse(
-        _inbox_events(state, caller, first, release),
+        events,
         media_type="text/event-stream",
         headers=sse.HEADERS,
         background=BackgroundTask(release.at_the_end),
     )
-
-
-async def _inbox_events(
-    state: ServerState, caller: Caller, doc: dict[str, Any], release: Release
-) -> AsyncIterator[bytes]:
-    """Polls the store (the truth for what waits), every `api_inbox_poll` seconds."""
-    settings = state.settings
-    sent, number, quiet = "", 0, 0.0
-    try:
-        yield sse.RETRY
-        while True:
-            body = json.dumps(doc, ensure_ascii=False, sort_keys=True)
-            if body != sent:
-                number += 1
-                sent, quiet = body, 0.0
-                yield sse.event(body, id=str(number))
-            elif quiet >= settings.api_keepalive:
-                quiet = 0.0
-                yield sse.KEEPALIVE
-            await asyncio.sleep(settings.api_inbox_poll)
-            quiet += settings.api_inbox_poll
-            try:
-                doc = await run_in_threadpool(inbox, state.door, caller)
-            except DATABASE_ERRORS as exc:  # the list stands until the store answers again
-                log.warning("the inbox of %s could not be read: %s", caller.actor, exc)
-    finally:
-        release()
 
 
 @router.post("/v1/runs/{run_id}/approvals/{call_id}", response_model=Recorded, responses=REFUSALS)

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 
 from ..settings import Settings
-from . import controls, decisions, errors, page, reconcile, runs, scraping, service
+from . import controls, decisions, errors, history, page, reconcile, runs, scraping, service
 from .auth import TokenTable, authenticate
 from .connections import QuietRepeats
 from .door import Door
@@ -69,6 +69,7 @@ def create_app(door: Door, settings: Settings, *, routers: Iterable[APIRouter] =
     errors.install(app, authenticate)
     for router in (
         service.router,
+        history.router,  # before runs: `/v1/runs/stream` is no run id
         runs.router,
         decisions.router,
         reconcile.router,

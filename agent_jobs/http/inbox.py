@@ -4,24 +4,14 @@ they may answer (`GET /v1/approvals` and its event stream)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from ..app import AgentApp
+from ..documents import iso
 from ..messages import args_sha256
 from .access import may_decide
 from .auth import Caller
 from .door import Door
-
-
-def _iso(value: Any) -> str | None:
-    if not isinstance(value, datetime):
-        return None
-    moment: datetime = value
-    if moment.tzinfo is None:  # SQLite hands back naive times; they are UTC
-        moment = moment.replace(tzinfo=UTC)
-    return moment.isoformat()
-
 
 # Of a run's input, what a card shows: enough to judge the call by.
 MAX_SHOWN_INPUT = 2000
@@ -60,8 +50,8 @@ def inbox(door: Door, caller: Caller) -> dict[str, list[dict[str, Any]]]:
             "input": call["input"][:MAX_SHOWN_INPUT],
             "input_cut": len(call["input"]) > MAX_SHOWN_INPUT,
             "said": said.get((call["run_id"], call["call_id"]), ""),
-            "requested_at": _iso(call["requested_at"] or call["created_at"]),
-            "deadline": _iso(call["approval_deadline"]),
+            "requested_at": iso(call["requested_at"] or call["created_at"]),
+            "deadline": iso(call["approval_deadline"]),
             "escalated": bool(call["escalated"]),
             "then": _at_deadline(door.app, call),
         }
@@ -74,7 +64,7 @@ def inbox(door: Door, caller: Caller) -> dict[str, list[dict[str, Any]]]:
             "tool": asked["tool"],
             "questions": asked["questions"],
             "actor": asked["actor"],
-            "requested_at": _iso(asked["created_at"]),
+            "requested_at": iso(asked["created_at"]),
         }
         for asked in door.store.open_questions()
         if caller.is_service or asked["actor"] == caller.actor

@@ -27,7 +27,7 @@ from ..store import RunView, places
 from ..streams.base import Frame, frame_json
 from ..streams.follow import live_frames
 from . import sse
-from .access import may_read, owned_run, readable_run
+from .access import controlled_run, may_read, owned_run, readable_run
 from .auth import Caller, CallerDep
 from .bodies import CancelBody, Cancelling, MessageBody, ModelBody, Queued, Started
 from .door import Door
@@ -139,7 +139,8 @@ def _existing(door: Door, caller: Caller, run: RunView) -> JSONResponse:
 
 @router.get("/{run_id}", responses=NOT_FOUND)
 def get_run(run_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
-    """The run as `agent-jobs status RUN_ID --json` prints it."""
+    """The run as `agent-jobs status RUN_ID --json` prints it (what the caller may do
+    with it: `GET /v1/runs/{run_id}/may`)."""
     door = server(request).door
     return run_document(door.store, readable_run(door, caller, run_id))
 
@@ -167,7 +168,7 @@ def cancel(
 ) -> Cancelling:
     """Cancel the run and its children: each stops at its next boundary."""
     door = server(request).door
-    run = owned_run(door, caller, run_id, "cancel it")
+    run = controlled_run(door, caller, run_id, "cancel it")
     keep = body.keep_inbox if body is not None else False
     return Cancelling(cancelling=door.commands.cancel(run.run_id, keep_inbox=keep))
 

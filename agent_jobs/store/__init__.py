@@ -5,65 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import SecretStr
 from sqlalchemy import Connection, Engine
 
 from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
 from .db import READ_ONLY, ensure_schema, is_sqlite, make_engine, upgrade
-
-if TYPE_CHECKING:
-    from .listing import Reader, RunFilter, RunPage
-
-
-class RunView(BaseModel):
-    """A run as users see it (`agent-jobs status --json`)."""
-
-    run_id: str
-    status: str
-    output: str | None
-    error: str | None = None
-    error_type: str | None = None
-    agent: str
-    actor: str
-    persona: str | None = None
-    thread_id: str
-    input: str
-    waiting_on: str | None = None
-    # Its agent's `concurrency_key` of this run, computed when it was admitted.
-    concurrency_key: str | None = None
-    cancel_cause: str | None = None
-    cancel_keep_inbox: bool = False
-    # Who asked the run to pause (`agent-jobs pause`): it stops at its next step boundary.
-    pause_requested_by: str | None = None
-    deadline: datetime | None = None
-    runner: str
-    parent_run_id: str | None = None
-    root_run_id: str
-    depth: int = 0
-    day: str
-    metadata: dict[str, Any] = {}
-    # Where the run's steps' spans hang (observability/tracing.py); not part of its status.
-    trace_context: dict[str, str] | None = Field(default=None, exclude=True)
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None = None
-
-    @classmethod
-    def from_row(cls, row: Any) -> RunView:
-        m = row._mapping
-        return cls(
-            run_id=m["id"],
-            root_run_id=m["root_run_id"],
-            **{k: m[k] for k in cls.model_fields if k not in ("run_id", "root_run_id")},
-        )
-
-    @property
-    def finished(self) -> bool:
-        return self.status in runs.TERMINAL
+from .listing import Reader, RunFilter, RunPage, list_runs
+from .view import RunView
 
 
 class Store:
@@ -138,10 +90,8 @@ class Store:
         cursor: str | None = None,
     ) -> RunPage:
         """A page of the runs list, newest first (store/listing.py)."""
-        from . import listing  # it reads RunView, defined here
-
         with self.connect() as conn:
-            return listing.list_runs(conn, where, reader=reader, limit=limit, cursor=cursor)
+            return list_runs(conn, where, reader=reader, limit=limit, cursor=cursor)
 
     def thread_messages(self, thread_id: str) -> list[Message]:
         with self.connect() as conn:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import weakref
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -19,6 +21,15 @@ from ..errors import ConfigurationError, SchemaNotReadyError
 from . import driver
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+
+_HOST = socket.gethostname()
+
+
+def this_process() -> str:
+    """The process writing a step's outcome, as the journal's `worker` names it
+    (`host:pid`): computed each time, since a pool's processes fork from one parent."""
+    return f"{_HOST}:{os.getpid()}"
 
 
 def utcnow() -> datetime:

@@ -24,7 +24,7 @@ from sqlalchemy import (
 from . import driver
 from . import events as event_rows
 from . import runs as run_rows
-from .db import insert_unless_exists, utcnow
+from .db import insert_unless_exists, this_process, utcnow
 from .events import PendingEvent
 from .holds import FENCED, IN_FLIGHT
 from .model_requests import MODEL_TURN, expand
@@ -353,6 +353,7 @@ def _outcome(
         "b_finished_at": now,
         "b_attempts": attempts,
         "b_started_at": started_at,
+        "b_worker": this_process(),
     }
 
 
@@ -373,6 +374,7 @@ _COMPLETE = (
         started_at=func.coalesce(
             bindparam("b_started_at", type_=journal.c.started_at.type), journal.c.started_at
         ),
+        worker=bindparam("b_worker"),
     )
 )
 
@@ -452,5 +454,5 @@ def row(
         "holder": None,
         "not_before": None,
         "fence": 0,
-        "worker": None,
+        "worker": this_process() if done else None,
     }

@@ -31,10 +31,10 @@ from sqlalchemy import (
 )
 
 from ..errors import InvalidRequestError
-from . import RunView
 from .db import contains_nul
 from .runs import RUN_STATUSES
 from .schema import SEARCH_TEXT, runs, tool_calls
+from .view import RunView
 
 MAX_LIMIT = 500
 MAX_Q = 500  # characters: a search is a word or an id, not a document

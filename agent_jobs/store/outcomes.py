@@ -77,6 +77,22 @@ def park(conn: Connection, run_id: str, step: str) -> bool:
     return result.rowcount == 1
 
 
+def unknown(conn: Connection, run_id: str) -> list[Any]:
+    """The run's tool steps whose outcome is unknown, waiting for a decision (step,
+    intent), in the order they ran."""
+    rows = conn.execute(
+        select(journal.c.step, journal.c.intent)
+        .where(journal.c.run_id == run_id, journal.c.state == "waiting")
+        .order_by(journal.c.seq)
+    ).all()
+    found = []
+    for row in rows:
+        parsed = names.parse(names.attempted(row.step))
+        if parsed is not None and parsed.kind == "tool":
+            found.append(row)
+    return found
+
+
 def waiting_step(conn: Connection, run_id: str, call_id: str) -> Any | None:
     """The call's tool step that waits for a decision on its outcome, if one does (the
     call's first run, or a later round after a person's answers)."""

@@ -491,3 +491,15 @@ def pending_approvals(conn: Connection) -> int:
     """How many calls wait for a person's decision now: those `approvals pending` lists
     (a call of a run that has ended waits for no one)."""
     return int(conn.execute(_PENDING_APPROVALS).scalar() or 0)
+
+
+def delegated_by_call(conn: Connection, run_id: str) -> dict[str, str]:
+    """The runs `run_id` delegated to, by the call that started each: call id → run id."""
+    found = conn.execute(
+        select(runs.c.id, runs.c.metadata).where(runs.c.parent_run_id == run_id)
+    ).all()
+    return {
+        str(row.metadata["parent_call_id"]): row.id
+        for row in found
+        if isinstance(row.metadata, Mapping) and row.metadata.get("parent_call_id")
+    }

@@ -61,6 +61,15 @@ def run_calls(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
     ).all()
 
 
+def decided_calls(conn: Connection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's calls a person (or a deadline) decided, in the order they were made."""
+    return conn.execute(
+        select(tool_calls)
+        .where(tool_calls.c.run_id == run_id, tool_calls.c.decision.is_not(None))
+        .order_by(tool_calls.c.created_at)
+    ).all()
+
+
 def decide(
     conn: Connection,
     run_id: str,

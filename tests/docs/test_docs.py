@@ -150,7 +150,9 @@ def routes() -> list[list[str]]:
 
     modules = [
         getattr(factory, name)
-        for name in ("service", "runs", "decisions", "reconcile", "controls", "page", "scraping")
+        for name in (
+            "service", "runs", "history", "decisions", "reconcile", "controls", "page", "scraping"
+        )
     ]
     return [route.path.strip("/").split("/") for m in modules for route in m.router.routes]
 

@@ -52,6 +52,7 @@ MODULES: dict[str, str] = {
     "tests/doors/test_doors_e2e.py": "workers",
     "tests/doors/test_enqueue.py": "workers",
     "tests/doors/test_http_api.py": "workers",
+    "tests/doors/test_http_history.py": "workers",
     "tests/doors/test_http_connections.py": "workers",
     "tests/doors/test_http_streams.py": "workers",
     "tests/doors/test_http_serve.py": "workers",
