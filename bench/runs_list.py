@@ -381,9 +381,10 @@ _SCANS = re.compile(
 def plan(store: Store, case: Case, cursor: str | None) -> dict[str, Any]:
     """The case's plan as Postgres ran it: the scans, buffers, time and the whole text."""
     statement = list_runs_query(case.where, reader=case.reader, cursor=cursor)
-    compiled = statement.compile(store.engine, compile_kwargs={"literal_binds": True})
-    with store.connect() as conn:
-        lines = list(conn.execute(text(f"EXPLAIN (ANALYZE, BUFFERS) {compiled}")).scalars())
+    compiled = statement.compile(store.engine, compile_kwargs={"render_postcompile": True})
+    with store.connect() as conn:  # with its parameters bound, as the list sends it
+        explain = f"EXPLAIN (ANALYZE, BUFFERS) {compiled.string}"
+        lines = list(conn.exec_driver_sql(explain, compiled.params).scalars())
     whole = "\n".join(lines)
     scans = sorted(set(_SCANS.findall(whole)))
     buffers = re.search(r"Buffers: (.*)", whole)

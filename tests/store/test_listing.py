@@ -396,10 +396,11 @@ def test_each_filter_can_use_its_index(postgres: Store, name: str) -> None:
 
     where, reader, indexes = PLANS[name]
     statement = listing.list_runs_query(where, reader=reader, limit=50)
-    compiled = statement.compile(postgres.engine, compile_kwargs={"literal_binds": True})
+    compiled = statement.compile(postgres.engine, compile_kwargs={"render_postcompile": True})
     with postgres.begin() as conn:
         conn.execute(text("SET LOCAL enable_seqscan = off"))
-        plan = "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
+        found = conn.exec_driver_sql(f"EXPLAIN {compiled.string}", compiled.params)
+        plan = "\n".join(found.scalars())
         conn.rollback()
     used = {index for index in indexes if index in plan}
     assert used == indexes, plan
