@@ -151,7 +151,14 @@ def routes() -> list[list[str]]:
     modules = [
         getattr(factory, name)
         for name in (
-            "service", "runs", "history", "decisions", "reconcile", "controls", "page", "scraping"
+            "service",
+            "runs",
+            "history",
+            "decisions",
+            "reconcile",
+            "controls",
+            "page",
+            "scraping",
         )
     ]
     return [route.path.strip("/").split("/") for m in modules for route in m.router.routes]
