@@ -81,7 +81,7 @@ CONSOLE = """  <section id="console" hidden>
     <div id="runs-view" hidden>
       <form id="filters" class="filters" autocomplete="off">
         <div class="search">
-          <input id="q" name="q" type="search" maxlength="500"
+          <input id="q" name="q" type="search" maxlength="200"
             placeholder="Search run ids, inputs, metadata" aria-label="Search">
           <button type="submit">Search</button>
         </div>
@@ -89,7 +89,7 @@ CONSOLE = """  <section id="console" hidden>
         <div class="fields">
           <label>Agent <input id="agent" name="agent" maxlength="200"></label>
           <label>Actor <input id="actor-filter" name="actor" maxlength="200"></label>
-          <label>Thread <input id="thread_id" name="thread_id" maxlength="300"></label>
+          <label>Thread <input id="thread_id" name="thread_id" maxlength="64"></label>
           <label>Since <input id="since" name="since" type="datetime-local" step="1"></label>
           <label>Until <input id="until" name="until" type="datetime-local" step="1"></label>
         </div>

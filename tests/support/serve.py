@@ -288,13 +288,22 @@ class Stack(Api):
 
 @contextmanager
 def open_stack(
-    pg_url: str, redis_url: str, db: int, tmp: Path, name: str, **extra_env: str
+    pg_url: str,
+    redis_url: str,
+    db: int,
+    tmp: Path,
+    name: str,
+    *,
+    app: str = "tests.support.apps.http:app",
+    workers: int = 1,
+    **extra_env: str,
 ) -> Iterator[Stack]:
-    with open_doors(
-        pg_url, redis_url, db, tmp, AGENT_JOBS_APP="tests.support.apps.http:app"
-    ) as doors:
-        doors.worker()
-        api = ApiServer(api_env(doors.env, **extra_env), name)
+    """`workers` workers and the server, all loading `app` (the HTTP API's test app, or
+    one built on it)."""
+    with open_doors(pg_url, redis_url, db, tmp, AGENT_JOBS_APP=app) as doors:
+        for _ in range(workers):
+            doors.worker()
+        api = ApiServer(api_env(doors.env, AGENT_JOBS_APP=app, **extra_env), name)
         doors.procs.append(api.proc)
         api.start()
         yield Stack(api=api, doors=doors)

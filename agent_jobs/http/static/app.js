@@ -95,6 +95,7 @@ export function clock(iso) {
 
 export function duration(ms) {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) return "";
+  if (ms < 1) return "<1 ms";
   if (ms < 1000) return Math.round(ms) + " ms";
   const seconds = ms / 1000;
   if (seconds < 60) return seconds.toFixed(seconds < 10 ? 2 : 1) + " s";

@@ -35,6 +35,8 @@ function filtersOfAddress() {
   const kept = new URLSearchParams();
   for (const status of given.getAll("status")) if (STATUSES.includes(status)) kept.append("status", status);
   for (const name of FIELDS) if (given.get(name)) kept.set(name, given.get(name));
+  // A page's size, from the address alone (a link may ask for one; the form does not).
+  if (/^[0-9]{1,3}$/.test(given.get("limit") || "")) kept.set("limit", given.get("limit"));
   return kept;
 }
 
@@ -70,6 +72,8 @@ function filtersOfForm() {
     const value = $(name).value && fromLocal($(name).value);
     if (value) filters.set(name, value);
   }
+  const limit = filtersOfAddress().get("limit");
+  if (limit) filters.set("limit", limit);
   return filters;
 }
 

@@ -51,9 +51,9 @@ function bar(step, ends) {
   const end = finish === null ? Date.now() : finish;
   const node = el("div", "bar");
   if (finish === null) node.classList.add("running");
-  const left = ((start - ends.first) / ends.span) * 100;
+  const left = Math.min(((start - ends.first) / ends.span) * 100, 100 - MIN_WIDTH);
   const width = Math.max(((end - start) / ends.span) * 100, MIN_WIDTH);
-  node.style.left = Math.min(left, 100 - MIN_WIDTH).toFixed(3) + "%";
+  node.style.left = left.toFixed(3) + "%";
   node.style.width = Math.min(width, 100 - left).toFixed(3) + "%";
   track.append(node);
   return track;
