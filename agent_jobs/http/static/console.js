@@ -197,7 +197,7 @@ function renderRuns() {
 }
 
 function runRow(run) {
-  const row = el("li", "run-row status-" + run.status);
+  const row = el("li", "run-row");
   row.dataset.run = run.run_id;
   row.dataset.status = run.status;
   const head = el("div", "head");
