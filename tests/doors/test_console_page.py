@@ -240,7 +240,7 @@ def test_a_running_runs_text_arrives_on_its_page(stack: Stack, page: Any) -> Non
     page.wait_for_selector(f"#live-text:has-text('{first}')")
     # The rest does not exist yet: the model holds it until the gate opens.
     assert page.text_content("#live-text") == first + " "
-    assert page.get_attribute("#run", "data-status") == "running"
+    status_is(page, "running")
     screenshot(page, "console-run-streaming")
     open_gate(run_id)
     page.wait_for_selector("#live-text:has-text('one entry at a time.')")
