@@ -155,6 +155,12 @@ def test_the_list_filters_follows_and_pages_runs(stack: Stack, page: Any) -> Non
     assert page.input_value("#q") == tag
     screenshot(page, "console-runs-failed")
 
+    # A window of time: none of them was created in the next millennium.
+    page.fill("#since", "2999-01-01T00:00:00")
+    page.dispatch_event("#since", "change")
+    page.wait_for_selector("#no-runs:not([hidden])")
+    assert "since=2999-" in page.url
+
     # By agent, from the form.
     page.click("#clear")
     page.fill("#q", tag)
@@ -230,6 +236,32 @@ def test_a_runs_page_shows_its_timeline_input_result_and_who_decided(
     assert page.locator("#controls button.control").count() == 0
     assert page.is_visible("#fork")
     screenshot(page, "console-run")
+    assert page.console_errors == []
+
+
+def test_a_runs_delegated_runs_show_as_a_tree_of_links(stack: Stack, page: Any) -> None:
+    office = stack.start("user-7", agent="office", text="delegate it")
+    stack.doors.wait_status(office, "completed")
+    tree = stack.call("user-7", "GET", f"/v1/runs?root_run_id={office}").json()["runs"]
+    [desk] = [r["run_id"] for r in tree if r["parent_run_id"] == office]
+    [chat] = [r["run_id"] for r in tree if r["parent_run_id"] == desk]
+    open_as(page, stack, "user-7", f"/runs/{office}")
+    status_is(page, "completed")
+    page.wait_for_selector("#tree-part:not([hidden])")
+    nested = f"#tree li[data-run='{office}'] li[data-run='{desk}'] li[data-run='{chat}']"
+    page.wait_for_selector(nested)
+    assert page.get_attribute(f"#tree li[data-run='{office}'] > a", "aria-current") == "page"
+    # The step that delegated links to the run it started.
+    child = page.locator("li.step[data-kind='child']")
+    child.locator(".step-head").click()
+    assert child.locator("a.child-link").text_content() == desk
+    # Each run of the tree is a link to its page, which names the run above it.
+    page.click(f"#tree li[data-run='{chat}'] > a")
+    page.wait_for_url(f"**/runs/{chat}")
+    status_is(page, "completed")
+    assert page.text_content("#facts a.run-link") == desk
+    page.wait_for_selector(f"#tree li[data-run='{chat}'] > a[aria-current='page']")
+    assert page.text_content("#result .output") == "just words, no tools"
     assert page.console_errors == []
 
 

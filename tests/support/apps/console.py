@@ -11,6 +11,7 @@ actors and agents) with the agents the console's page tests need.
 - `payer` asks to `pay`, an action that is not idempotent and that holds, once begun,
   until the test opens the run's gate: a worker killed inside it leaves the call's
   outcome unknown, for a person to reconcile.
+- `office` delegates to `desk`, which delegates to `chat`: a tree of three runs.
 """
 
 from __future__ import annotations
@@ -57,3 +58,13 @@ app.agent(
     ),
     tools=["pay"],
 )
+
+
+def _delegate(agent: str, task: str, answer: str) -> CountingModel:
+    return CountingModel(
+        [{"tool_calls": [{"name": agent, "args": {"task": task}}]}, {"text": answer}]
+    )
+
+
+app.agent("desk", model=_delegate("chat", "say something", "the desk is done"), tools=["chat"])
+app.agent("office", model=_delegate("desk", "see to it", "the office is done"), tools=["desk"])
