@@ -187,7 +187,8 @@ export function follow(path, { onEvent, onStatus = () => {}, onEnd = () => true,
       throw new Error("the stream ended");
     } catch (error) {
       if (state.stopped || controller.signal.aborted || state.controller !== controller) return;
-      if (error.status === 404 || error.status === 403 || error.status === 409) {
+      // A refusal (no such run, bad filters, not yours) stays one: asking again would not help.
+      if (error.status >= 400 && error.status < 500 && error.status !== 408 && error.status !== 429) {
         state.stopped = true;
         onStatus("refused", error.message);
         return;

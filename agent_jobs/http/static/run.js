@@ -198,7 +198,9 @@ async function start() {
     onEvent: (doc) => {
       renderTree(doc.runs);
       const mine = doc.runs.find((r) => r.run_id === page.runId);
-      if (mine && page.doc && (mine.status !== page.doc.status || mine.updated_at !== page.doc.updated_at)) soon();
+      const moved = (run) =>
+        run.status !== page.doc.status || Date.parse(run.updated_at) !== Date.parse(page.doc.updated_at);
+      if (mine && page.doc && moved(mine)) soon();
     },
   });
 }

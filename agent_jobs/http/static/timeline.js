@@ -69,7 +69,8 @@ function fact(list, name, ...value) {
 function decision(step, doc) {
   const found = (doc.decisions || []).find((d) => d.call_id === step.call_id);
   if (!found) return step.decided_by ? [el("span", "decider", step.decided_by)] : null;
-  const parts = [el("strong", "verdict " + found.decision, found.decision), " by ", el("span", "decider", found.decided_by)];
+  const verdict = el("strong", "verdict " + found.decision, found.decision);
+  const parts = [verdict, " by ", el("span", "decider", found.decided_by)];
   if (found.decided_at) parts.push(" · ", when(found.decided_at));
   if (found.reason) parts.push(" · ", el("q", "reason", found.reason));
   return parts;
