@@ -305,6 +305,23 @@ def test_approve_a_call_on_the_runs_page_and_the_run_completes(stack: Stack, pag
     assert page.console_errors == []
 
 
+def test_answer_a_runs_questions_on_its_page(stack: Stack, page: Any) -> None:
+    run_id = stack.start("user-7", agent="planner", text="book a call")
+    stack.doors.wait_status(run_id, "awaiting_answers")
+    open_as(page, stack, "user-7", f"/runs/{run_id}")
+    item = page.locator("#waiting .item.question")
+    item.wait_for()
+    assert item.locator("label.asked").nth(0).text_content() == "Which day suits you?"
+    item.locator("input[data-question='q1']").fill("Thursday")
+    item.locator("input[data-question='q2']").fill("Morning")
+    item.locator("button.send").click()
+    status_is(page, "completed")
+    item.wait_for(state="detached")
+    [result] = [c["result"] for c in stack.doors.store.tool_calls(run_id)]
+    assert result == "a call booked for Thursday (Morning)"
+    assert page.console_errors == []
+
+
 def test_an_operator_pauses_and_resumes_a_run_from_its_page(stack: Stack, page: Any) -> None:
     run_id = stack.start("user-7", agent="held_talker", text="take your time")
     open_as(page, stack, "olga", f"/runs/{run_id}")

@@ -285,6 +285,55 @@ async function decide(item, decision, reason, buttons, outcome, { onDecided, onT
   onDecided(verb);
 }
 
+// --- answering a run's questions -----------------------------------------------------
+
+// A field for each question of `item` ({run_id, request_id, questions: [{id, question}]})
+// and Send answers; `onAnswered()` once they are recorded. Returns the nodes to append.
+export function answerer(item, { onAnswered = () => {} } = {}) {
+  const nodes = [];
+  const fields = [];
+  for (const asked of item.questions) {
+    const label = el("label", "asked", asked.question);
+    const input = el("input", "answer");
+    input.type = "text";
+    input.dataset.question = asked.id;
+    input.maxLength = 10000;
+    label.append(input);
+    fields.push(input);
+    nodes.push(label);
+  }
+  const send = el("button", "send", "Send answers");
+  send.type = "button";
+  const outcome = el("p", "outcome");
+  outcome.setAttribute("role", "status");
+  send.addEventListener("click", () => answer(item, fields, send, outcome, onAnswered));
+  return [...nodes, send, outcome];
+}
+
+async function answer(item, fields, send, outcome, onAnswered) {
+  const answers = {};
+  for (const input of fields) {
+    if (!input.value.trim()) {
+      outcome.textContent = "Answer every question first.";
+      input.focus();
+      return;
+    }
+    answers[input.dataset.question] = input.value.trim();
+  }
+  send.disabled = true;
+  outcome.textContent = "Sending…";
+  const path = runApi(item.run_id, "/answers/" + encodeURIComponent(item.request_id));
+  const response = await api(path, { method: "POST", body: JSON.stringify({ answers }) });
+  if (response.status === 401) return;
+  if (!response.ok) {
+    outcome.textContent = visible(await problem(response));
+    if (response.status !== 409) send.disabled = false;
+    return;
+  }
+  outcome.textContent = "Answered.";
+  onAnswered();
+}
+
 // --- signing in and out ---------------------------------------------------------------
 
 export function signOut(message) {

@@ -4,7 +4,7 @@
 // and the decision widget are the console's too (app.js). Every value from the server
 // is written with textContent: a run's text is never markup here.
 
-import { $, api, decider, el, follow, link, problem, runApi, runPath, start, visible, when } from "./app.js";
+import { $, answerer, api, decider, el, follow, link, runPath, start, visible, when } from "./app.js";
 
 const shown = { approvals: new Map(), questions: new Map() };
 let live = null; // the stream being read
@@ -128,48 +128,16 @@ function questionItem(item) {
   node.dataset.run = item.run_id;
   node.dataset.request = item.request_id;
   node.append(...heading(item, "asks"));
-  const fields = [];
-  for (const asked of item.questions) {
-    const label = el("label", "asked", asked.question);
-    const input = el("input", "answer");
-    input.type = "text";
-    input.dataset.question = asked.id;
-    input.maxLength = 10000;
-    label.append(input);
-    fields.push(input);
-    node.append(label);
-  }
-  const send = el("button", "send", "Send answers");
-  send.type = "button";
-  const outcome = el("p", "outcome");
-  outcome.setAttribute("role", "status");
-  send.addEventListener("click", () => answer(item, fields, send, outcome));
-  node.append(send, outcome);
+  const what = item.tool + " (" + item.request_id + ") of run " + item.run_id;
+  node.append(
+    ...answerer(item, {
+      onAnswered: () => {
+        log("Answered " + what);
+        refresh();
+      },
+    }),
+  );
   return node;
-}
-
-async function answer(item, fields, send, outcome) {
-  const answers = {};
-  for (const input of fields) {
-    if (!input.value.trim()) {
-      outcome.textContent = "Answer every question first.";
-      input.focus();
-      return;
-    }
-    answers[input.dataset.question] = input.value.trim();
-  }
-  send.disabled = true;
-  outcome.textContent = "Sending…";
-  const path = runApi(item.run_id, "/answers/" + encodeURIComponent(item.request_id));
-  const response = await api(path, { method: "POST", body: JSON.stringify({ answers }) });
-  if (response.status === 401) return;
-  if (!response.ok) {
-    outcome.textContent = visible(await problem(response));
-    if (response.status !== 409) send.disabled = false;
-    return;
-  }
-  log("Answered " + item.tool + " (" + item.request_id + ") of run " + item.run_id);
-  refresh();
 }
 
 function log(text) {

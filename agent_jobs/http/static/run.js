@@ -8,6 +8,7 @@
 
 import {
   $,
+  answerer,
   clock,
   decider,
   duration,
@@ -465,7 +466,7 @@ function renderWaiting(doc) {
   const items = [
     ...(doc.pending_calls || []).map((c) => ["call " + c.call_id, () => pendingCall(doc, c)]),
     ...(doc.unknown_calls || []).map((c) => ["unknown " + c.call_id, () => unknownCall(doc, c)]),
-    ...(doc.pending_questions || []).map((q) => ["question " + q.request_id, () => question(q)]),
+    ...(doc.pending_questions || []).map((q) => ["question " + q.request_id, () => question(doc, q)]),
   ];
   const wanted = new Set(items.map(([key]) => key));
   for (const [key, node] of page.waiting) {
@@ -572,14 +573,21 @@ async function reconcile(call, name, inputs, buttons, outcome) {
   soon();
 }
 
-function question(asked) {
+// Answered here by those who may (its actor, a service: who may also message it), else
+// a pointer to the inbox, where its actor answers.
+function question(doc, asked) {
   const node = el("div", "item question");
   node.dataset.request = asked.request_id;
   const head = el("div", "head");
   head.append(el("span", "tool", asked.tool), " ", el("span", "what", "asks"));
   node.append(head);
+  if ((doc.may || []).includes("message")) {
+    const item = { ...asked, run_id: doc.run_id };
+    node.append(...answerer(item, { onAnswered: soon }));
+    return node;
+  }
   for (const q of asked.questions) node.append(el("div", "asked", q.question));
-  const where = el("p", "meta", "Its actor answers in the ");
+  const where = el("p", "meta", "Its actor answers it in the ");
   where.append(link("/", "inbox"), ".");
   node.append(where);
   return node;
