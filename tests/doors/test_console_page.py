@@ -341,6 +341,32 @@ def test_an_operator_pauses_and_resumes_a_run_from_its_page(stack: Stack, page: 
     assert page.console_errors == []
 
 
+def test_retry_a_failed_run_and_cancel_a_waiting_one_from_their_pages(
+    stack: Stack, page: Any
+) -> None:
+    broken = stack.start("user-7", agent="broken", text="fail for me")
+    stack.doors.wait_status(broken, "failed")
+    open_as(page, stack, "olga", f"/runs/{broken}")
+    status_is(page, "failed")
+    assert "provider says auth" in (page.text_content("#result .run-error") or "")
+    page.click("#controls button.retry")
+    page.wait_for_selector("#control-outcome:has-text('Retrying')")
+    page.wait_for_selector("#facts dt:text-is('retry')")  # who retried it, and when
+    status_is(page, "failed")  # the provider refuses it again
+    asking = stack.start("user-7", text="refund, then never mind")
+    stack.doors.wait_status(asking, "awaiting_approval")
+    visit(page, stack, f"/runs/{asking}")
+    status_is(page, "awaiting_approval")
+    cancel = page.locator("#controls button.cancel")
+    cancel.click()  # asked twice: it cannot be taken back
+    assert cancel.text_content() == "Really cancel?"
+    assert stack.doors.store.get_run(asking).status == "awaiting_approval"
+    cancel.click()
+    status_is(page, "cancelled")
+    page.locator("#controls button.cancel").wait_for(state="detached")
+    assert page.console_errors == []
+
+
 def test_fork_at_a_step_after_a_preview_and_follow_the_new_run(stack: Stack, page: Any) -> None:
     run_id = refunded(stack, "refund once more")
     open_as(page, stack, "user-7", f"/runs/{run_id}")
