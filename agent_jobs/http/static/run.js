@@ -1,6 +1,6 @@
 // A run's page: what it was asked and answered, its steps as a waterfall, its live text,
 // the calls that wait for a person, who decided what, its delegated runs, and the
-// controls the caller may use (the API's `may`).
+// controls the caller may use (GET /v1/runs/<id>/may).
 //
 // The run's frames (GET /v1/runs/<id>/stream) bring its text as it streams; any other
 // frame, and any change the list of its tree's runs (GET /v1/runs/stream?root_run_id=)
@@ -144,7 +144,11 @@ async function refresh() {
   page.refreshing = true;
   const runId = page.runId;
   try {
-    const [response, doc] = await send("GET", runApi(runId));
+    const [[response, doc], [mayResponse, may], [stepsResponse, steps]] = await Promise.all([
+      send("GET", runApi(runId)),
+      send("GET", runApi(runId, "/may")),
+      send("GET", runApi(runId, "/steps")),
+    ]);
     if (runId !== page.runId) return;
     if (response.status === 404) {
       missing();
@@ -154,11 +158,9 @@ async function refresh() {
       setStatus("The run could not be read: " + said(response, doc));
       return;
     }
-    const [stepsResponse, steps] = await send("GET", runApi(runId, "/steps"));
-    if (runId !== page.runId) return;
     if (stepsResponse.ok) page.steps = steps.steps;
     const before = page.doc;
-    page.doc = doc;
+    page.doc = mayDo(doc, mayResponse.ok ? may : null);
     render(before);
     setStatus("Live: this page updates by itself.");
   } catch (error) {
@@ -170,6 +172,18 @@ async function refresh() {
       soon();
     }
   }
+}
+
+// What the caller may do (GET /v1/runs/<id>/may), put where the page reads it: the run's
+// `may` (its controls), each pending call's `may_decide`, each unknown one's
+// `may_reconcile`. Unread, it may do nothing.
+function mayDo(doc, may) {
+  const decide = new Set(may ? may.decide : []);
+  const reconcile = new Set(may ? may.reconcile : []);
+  doc.may = may ? may.controls : [];
+  for (const call of doc.pending_calls || []) call.may_decide = decide.has(call.call_id);
+  for (const call of doc.unknown_calls || []) call.may_reconcile = reconcile.has(call.call_id);
+  return doc;
 }
 
 function missing() {
@@ -464,8 +478,9 @@ async function fork(at, keepDecisions, button, outcome) {
 
 function renderWaiting(doc) {
   const items = [
-    ...(doc.pending_calls || []).map((c) => ["call " + c.call_id, () => pendingCall(doc, c)]),
-    ...(doc.unknown_calls || []).map((c) => ["unknown " + c.call_id, () => unknownCall(doc, c)]),
+    // Keyed by what may be done too: a call that becomes the caller's to decide is redrawn.
+    ...(doc.pending_calls || []).map((c) => ["call " + c.call_id + " " + c.may_decide, () => pendingCall(doc, c)]),
+    ...(doc.unknown_calls || []).map((c) => ["unknown " + c.call_id + " " + c.may_reconcile, () => unknownCall(doc, c)]),
     ...(doc.pending_questions || []).map((q) => ["question " + q.request_id, () => question(doc, q)]),
   ];
   const wanted = new Set(items.map(([key]) => key));
