@@ -14,7 +14,6 @@ export const STATUSES = [
   "awaiting_answers",
   "awaiting_reconcile",
   "paused",
-  "sleeping",
   "completed",
   "failed",
   "cancelled",
