@@ -37,10 +37,12 @@ def upgrade() -> None:
     # Nullable: adding it rewrites no row of a big table.
     with op.batch_alter_table("journal") as table:
         table.add_column(sa.Column("worker", sa.String(length=200), nullable=True))
+    # An index already there is kept: on a big table, build them beforehand without
+    # holding writes up (CREATE INDEX CONCURRENTLY, docs/operating.md).
     for name, columns in LISTED.items():
-        op.create_index(name, "runs", columns, unique=False)
+        op.create_index(name, "runs", columns, unique=False, if_not_exists=True)
     # (thread_id, created_at, id) answers whatever (thread_id) alone did.
-    op.drop_index("ix_runs_thread", table_name="runs")
+    op.drop_index("ix_runs_thread", table_name="runs", if_exists=True)
     op.create_index(
         "ix_tool_calls_action",
         "tool_calls",
@@ -48,6 +50,7 @@ def upgrade() -> None:
         unique=False,
         postgresql_where=sa.text(ACTION),
         sqlite_where=sa.text(ACTION),
+        if_not_exists=True,
     )
     if op.get_bind().dialect.name == "postgresql":
         _search_index()
@@ -74,7 +77,8 @@ def _search_index() -> None:
             return
         schema = _trgm_schema(conn)
     # Named with the extension's schema: it may live outside the search_path.
-    op.execute(f'CREATE INDEX ix_runs_search ON runs USING gin ({SEARCH} "{schema}".gin_trgm_ops)')
+    ops = f'"{schema}".gin_trgm_ops'
+    op.execute(f"CREATE INDEX IF NOT EXISTS ix_runs_search ON runs USING gin ({SEARCH} {ops})")
 
 
 def _trgm_schema(conn: sa.Connection) -> str | None:
