@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -37,16 +38,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent_jobs import AgentApp, ScriptedModel  # noqa: E402
 from agent_jobs.store import Store  # noqa: E402
 from agent_jobs.store.db import make_engine, upgrade  # noqa: E402
 from agent_jobs.store.listing import Reader, RunFilter, list_runs_query  # noqa: E402
 from bench.durable import libpq, percentile  # noqa: E402
+from tests.support.redis_server import RedisServer, free_port  # noqa: E402
+from tests.support.workers import Process, service_env  # noqa: E402
 
 NAME = "agent_jobs_runs_bench"
 MARK = "agent-jobs bench.runs_list: dropped and made again by it"
@@ -57,8 +62,30 @@ AGENTS = ("support", "billing", "triage", "research", "ops")
 ACTION_TOOLS = ("refund", "cancel_subscription", "issue_credit")
 RARE_TOOL = "close_account"  # in one run of 2,000
 NONE: frozenset[str] = frozenset()
+ROLES = "BENCH_RUNS_LIST_ROLES"
 JOURNALED = 1_000
 STEPS = 15
+
+# --- the app `agent-jobs serve` loads (AGENT_JOBS_APP=bench.runs_list:app) -----------------
+# Its roles are the bench's: an operator, and the readers the cases pick from the data
+# (BENCH_RUNS_LIST_ROLES, a JSON object of actor to roles).
+app = AgentApp(name="runs-list-bench", roles=json.loads(os.environ.get(ROLES, "{}")))
+
+
+def _action(name: str, approvers: list[str]) -> None:
+    def act(order_id: int) -> dict[str, int]:
+        return {"order_id": order_id}
+
+    act.__name__ = name
+    act.__doc__ = f"The bench's {name}."
+    app.tool(kind="action", approvers=approvers)(act)
+
+
+for _tool in ACTION_TOOLS:
+    _action(_tool, ["credit"] if _tool == "issue_credit" else ["lead"])
+_action(RARE_TOOL, ["closer"])
+for _agent in AGENTS:
+    app.agent(_agent, model=ScriptedModel([{"text": "done"}]), tools=[])
 
 # --- the database ----------------------------------------------------------------------
 
@@ -299,6 +326,7 @@ def examples(url: str, n: int) -> dict[str, str]:
             "ticket": one(
                 "SELECT metadata->>'ticket' FROM runs WHERE id = md5('run' || %(middle)s::int)"
             ),
+            "journaled": one("SELECT run_id FROM journal ORDER BY run_id LIMIT 1"),
         }
 
 
@@ -414,6 +442,80 @@ def measure(store: Store, case: Case, calls: int, deep: int) -> dict[str, Any]:
     }
 
 
+# --- through the HTTP API (`agent-jobs serve`, a process of its own) ---------------------
+
+TOKENS = {"operator": "bench-operator", "quiet": "bench-quiet", "approver": "bench-approver"}
+
+
+def http_cases(found: dict[str, str]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(name, token, path, query) of each request measured."""
+    day = "2026-11-15T00:00:00Z"
+    run = found["journaled"]
+    return [
+        ("operator: GET /v1/runs", "operator", "/v1/runs", {}),
+        ("operator: status=failed", "operator", "/v1/runs", {"status": "failed"}),
+        (
+            "operator: status=running&status=queued",
+            "operator",
+            "/v1/runs",
+            {"status": ["running", "queued"]},
+        ),
+        ("operator: agent=billing", "operator", "/v1/runs", {"agent": "billing"}),
+        ("operator: actor=", "operator", "/v1/runs", {"actor": found["actor"]}),
+        ("operator: q=invoice", "operator", "/v1/runs", {"q": "invoice"}),
+        ("operator: q=(a run id)", "operator", "/v1/runs", {"q": found["run"]}),
+        (
+            "operator: since/until a day",
+            "operator",
+            "/v1/runs",
+            {"since": day, "until": "2026-11-16T00:00:00Z"},
+        ),
+        ("a reader with no roles: GET /v1/runs", "quiet", "/v1/runs", {}),
+        ("an approver of issue_credit: GET /v1/runs", "approver", "/v1/runs", {}),
+        ("operator: GET /v1/runs/{id}", "operator", f"/v1/runs/{run}", {}),
+        ("operator: GET /v1/runs/{id}/steps (15 steps)", "operator", f"/v1/runs/{run}/steps", {}),
+    ]
+
+
+def through_http(url: str, found: dict[str, str], calls: int) -> list[dict[str, Any]]:
+    """Each request of `http_cases`, `calls` times one after another on a keep-alive
+    connection to `agent-jobs serve` (durable, its own Redis): p50, p95, the longest."""
+    redis_server = RedisServer().start()
+    roles = {"bench-ops": ["operator"], found["quiet"]: [], found["actor"]: ["credit"]}
+    actors = {"operator": "bench-ops", "quiet": found["quiet"], "approver": found["actor"]}
+    env = service_env(
+        redis_server.url(0),
+        url,
+        AGENT_JOBS_APP="bench.runs_list:app",
+        AGENT_JOBS_API_TOKENS=json.dumps({TOKENS[k]: a for k, a in actors.items()}),
+        AGENT_JOBS_DB_POOL_SIZE="4",
+        **{ROLES: json.dumps(roles)},
+    )
+    port = free_port()
+    serve = Process(
+        [sys.executable, "-m", "agent_jobs.cli", "serve", "--port", str(port)], env, "serve"
+    ).start(ready="Uvicorn running on")
+    figures = []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            for name, who, path, query in http_cases(found):
+                headers = {"Authorization": f"Bearer {TOKENS[who]}"}
+
+                def get(path: str = path, query: Any = query, headers: Any = headers) -> Any:
+                    answer = http.get(path, params=query, headers=headers)
+                    answer.raise_for_status()
+                    return answer.json()
+
+                print(f"measuring {name} (HTTP)", file=sys.stderr)
+                body = get()
+                shown = len(body["runs"]) if "runs" in body else len(body.get("steps", [1]))
+                figures.append({"case": name, "rows": shown, **timings(get, calls)})
+    finally:
+        serve.stop()
+        redis_server.close()
+    return figures
+
+
 # --- the report ------------------------------------------------------------------------
 
 
@@ -438,6 +540,13 @@ def report(figures: dict[str, Any], whole_plans: bool) -> None:
             f"{first['p50']:6.2f} {first['p95']:6.2f} {first['max']:7.2f}  "
             f"{row['deep_page']:>4} {deep['p50']:6.2f} {deep['p95']:6.2f} {deep['max']:7.2f}"
         )
+    if figures.get("http"):
+        print(f"\n{'through GET … (agent-jobs serve)':52} {'rows':>4}  {'p50/p95/max ms':>22}")
+        for row in figures["http"]:
+            print(
+                f"{row['case'][:52]:52} {row['rows']:>4}  "
+                f"{row['p50']:6.2f} {row['p95']:6.2f} {row['max']:7.2f}"
+            )
     print("\nplans (first page | deep page): scans, buffers, server time")
     for row in figures["cases"]:
         print(f"- {row['case']}")
@@ -460,6 +569,7 @@ def main() -> None:
     parser.add_argument("--deep", type=int, default=20)
     parser.add_argument("--reuse", action="store_true", help="measure an earlier run's data")
     parser.add_argument("--plans", action="store_true", help="print the plans whole")
+    parser.add_argument("--no-http", action="store_true", help="measure the store alone")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     if args.runs % JOURNALED:
@@ -485,6 +595,8 @@ def main() -> None:
         print(f"measuring {case.name}", file=sys.stderr)
         figures["cases"].append(measure(store, case, args.calls, args.deep))
     store.engine.dispose()
+    if not args.no_http:
+        figures["http"] = through_http(url, found, args.calls)
     if args.json:
         for row in figures["cases"]:
             for which in ("plan_first", "plan_deep"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -14,7 +14,7 @@ from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
 from .db import READ_ONLY, ensure_schema, is_sqlite, make_engine, upgrade
-from .listing import Reader, RunFilter, RunPage, list_runs
+from .listing import Reader, RunFilter, RunPage, Trees, list_runs, trees
 from .view import RunView
 
 
@@ -92,6 +92,12 @@ class Store:
         """A page of the runs list, newest first (store/listing.py)."""
         with self.connect() as conn:
             return list_runs(conn, where, reader=reader, limit=limit, cursor=cursor)
+
+    def trees(self, root_run_ids: Collection[str]) -> Trees:
+        """Who started each of these run trees and the action calls in it, in two
+        queries: who may read a page of the list (store/listing.py)."""
+        with self.connect() as conn:
+            return trees(conn, root_run_ids)
 
     def thread_messages(self, thread_id: str) -> list[Message]:
         with self.connect() as conn:

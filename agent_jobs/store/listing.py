@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -198,6 +198,48 @@ def _before(created_at: datetime, run_id: str) -> ColumnElement[bool]:
     bound = (literal(created_at, runs.c.created_at.type), literal(run_id, runs.c.id.type))
     # One row comparison: Postgres scans an index for it from the position on.
     return tuple_(*key) < tuple_(*bound)
+
+
+# --- what deciding who may read a page needs, in two queries --------------------------------
+
+
+@dataclass(frozen=True)
+class Trees:
+    """Of some run trees (by root run id): who started each, and the action calls made
+    anywhere in it (each a dict of the call's `run_id`, `call_id`, `name`, `kind`,
+    `approvers` and `escalated`). A reader may read a run when it is theirs, its root is,
+    or they may decide one of its tree's calls (http/access.py): for a page of the list,
+    that is these two queries, not a few for each run."""
+
+    owners: dict[str, str]  # root run id -> its actor
+    calls: dict[str, list[dict[str, Any]]]  # root run id -> the tree's action calls
+
+
+def trees(conn: Connection, root_run_ids: Collection[str]) -> Trees:
+    roots = sorted(set(root_run_ids))
+    if not roots:
+        return Trees({}, {})
+    owners = conn.execute(select(runs.c.id, runs.c.actor).where(runs.c.id.in_(roots))).all()
+    called = runs.alias("called")
+    query = (
+        select(
+            called.c.root_run_id,
+            tool_calls.c.run_id,
+            tool_calls.c.call_id,
+            tool_calls.c.name,
+            tool_calls.c.kind,
+            tool_calls.c.approvers,
+            tool_calls.c.escalated,
+        )
+        .select_from(called.join(tool_calls, tool_calls.c.run_id == called.c.id))
+        .where(called.c.root_run_id.in_(roots), tool_calls.c.kind == "action")
+        .order_by(tool_calls.c.run_id, tool_calls.c.call_id)
+    )
+    calls: dict[str, list[dict[str, Any]]] = {root: [] for root in roots}
+    for row in conn.execute(query):
+        found = dict(row._mapping)
+        calls[found.pop("root_run_id")].append(found)
+    return Trees({root: actor for root, actor in owners}, calls)
 
 
 # --- cursors ------------------------------------------------------------------------------

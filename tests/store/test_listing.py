@@ -14,7 +14,7 @@ from sqlalchemy import insert, select, text
 
 from agent_jobs.errors import InvalidRequestError
 from agent_jobs.store import Store, threads
-from agent_jobs.store.listing import Reader, RunFilter, RunPage, encode_cursor
+from agent_jobs.store.listing import Reader, RunFilter, RunPage, Trees, encode_cursor
 from agent_jobs.store.schema import SEARCH_INDEX
 from agent_jobs.store.schema import runs as runs_table
 from agent_jobs.store.schema import tool_calls as calls_table
@@ -416,3 +416,26 @@ def test_the_search_has_its_trigram_index_where_pg_trgm_is(postgres: Store) -> N
             {"name": SEARCH_INDEX},
         ).scalar()
     assert found is not None and "gin_trgm_ops" in found and "USING gin" in found
+
+
+def test_the_trees_of_a_page_are_read_at_once(trees: Store) -> None:
+    """Who started each tree and the action calls made in it: what deciding who may read
+    the runs of a page needs (a read tool's call is no decision; a root nobody has, none)."""
+    found = trees.trees(["refunded", "looked-up", "shipped", "mine", "refunded", "gone"])
+    assert found.owners == {
+        "refunded": "other",
+        "looked-up": "other",
+        "shipped": "other",
+        "mine": "me",
+    }
+    names = {root: [(c["run_id"], c["name"]) for c in calls] for root, calls in found.calls.items()}
+    assert names == {
+        "refunded": [("refunded-child", "refund")],
+        "looked-up": [],
+        "shipped": [("shipped", "ship")],
+        "mine": [],
+        "gone": [],
+    }
+    [refund] = found.calls["refunded"]
+    assert refund["kind"] == "action" and not refund["escalated"] and refund["approvers"] is None
+    assert trees.trees([]) == Trees({}, {})
