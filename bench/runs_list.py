@@ -1,7 +1,7 @@
 """Benchmark of the runs list at scale: 1,000,000 runs, each filter's pages and plans.
 
     .venv/bin/python -m bench.runs_list [--runs 1000000] [--calls 200] [--deep 20]
-        [--reuse] [--plans] [--json]
+        [--reuse] [--plans] [--no-http] [--json]
 
 Builds a Postgres database of its own, `agent_jobs_runs_bench` (re-made on each run; a
 database of that name the bench did not make is left alone, and the bench stops), at
@@ -22,6 +22,12 @@ followed once, then asked for `--calls` times): p50, p95 and the longest, in ms;
 each one's plan (`EXPLAIN (ANALYZE, BUFFERS)`): the indexes it scans, whether any table
 is read whole, its buffers and time. `--plans` prints the plans whole. Reported too:
 the fill's time, the migration's, and the size of the table and of each index.
+
+Then through the HTTP API (`agent-jobs serve` on the same database, a process of its own
+with a Redis of its own; unless `--no-http`): `GET /v1/runs` with filters as an operator,
+as a reader with no roles and as one who approves `issue_credit`, `GET /v1/runs/{run_id}`
+and `GET /v1/runs/{run_id}/steps` of a journaled run, `--calls` times each, one after
+another on a keep-alive connection: p50, p95 and the longest, in ms.
 """
 
 from __future__ import annotations
