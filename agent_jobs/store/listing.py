@@ -125,12 +125,12 @@ def _scopes(reader: Reader) -> list[ColumnElement[bool]]:
     ]
     if reader.tools:
         called = runs.alias("called")
-        trees = (
+        deciders = (
             select(called.c.root_run_id)
             .select_from(tool_calls.join(called, called.c.id == tool_calls.c.run_id))
             .where(tool_calls.c.kind == "action", tool_calls.c.name.in_(sorted(reader.tools)))
         )
-        scopes.append(runs.c.root_run_id.in_(trees))
+        scopes.append(runs.c.root_run_id.in_(deciders))
     return scopes
 
 
