@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..app import AgentApp
@@ -55,6 +55,25 @@ def may_read(door: Door, caller: Caller, run: RunView) -> bool:
             if call["kind"] == "action" and may_decide(door.app, caller, call):
                 return True
     return False
+
+
+def readable_among(door: Door, caller: Caller, found: Sequence[RunView]) -> list[RunView]:
+    """The runs of `found` (a page of the list) the caller may read, judged as `may_read`
+    judges one, with two queries for them all (`Store.trees`)."""
+    unsure = [run for run in found if not (caller.reads_every_run or owns(caller, run))]
+    if not unsure:
+        return list(found)
+    trees = door.store.trees({run.root_run_id for run in unsure})
+
+    def readable(run: RunView) -> bool:
+        if caller.reads_every_run or owns(caller, run):
+            return True
+        if trees.owners.get(run.root_run_id) == caller.actor:
+            return True
+        calls = trees.calls.get(run.root_run_id, ())
+        return any(may_decide(door.app, caller, call) for call in calls)
+
+    return [run for run in found if readable(run)]
 
 
 def readable_run(door: Door, caller: Caller, run_id: str) -> RunView:

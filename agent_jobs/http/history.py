@@ -26,7 +26,7 @@ from ..store import RunView, outcomes
 from ..store.listing import Reader, RunFilter
 from ..store.runs import TERMINAL, RunStatus
 from . import sse
-from .access import controls, may_decide, may_read, owns, readable_run
+from .access import controls, may_decide, owns, readable_among, readable_run
 from .auth import Caller, CallerDep
 from .door import Door
 from .errors import ERROR_RESPONSES, ErrorBody
@@ -133,7 +133,7 @@ def runs_list(
     for _ in range(MAX_ROUNDS):
         page = door.store.runs_page(where, reader=reader, limit=limit - len(shown), cursor=cursor)
         cursor = page.next_cursor
-        shown += [listed(run) for run in page.runs if reader is None or may_read(door, caller, run)]
+        shown += [listed(run) for run in readable_among(door, caller, page.runs)]
         if cursor is None or len(shown) >= limit:
             break
     return {"runs": shown, "next_cursor": cursor}
