@@ -1,5 +1,5 @@
 """The runs console in a real browser (headless chromium), against the durable stack:
-workers, beat and `agent-jobs serve` on the console's test app
+workers, beat, the approvals listener and `agent-jobs serve` on the console's test app
 (tests/support/apps/console.py, the HTTP API's app with a few agents more).
 
 Every wait is for something the page shows (a selector, an attribute) or for the store;
@@ -22,6 +22,7 @@ from tests.support.apps import executed, open_gate
 from tests.support.apps.console import HELD_WORDS
 from tests.support.apps.http import ANSWER
 from tests.support.browser import browser_page, screenshot
+from tests.support.doors import approval, signed
 from tests.support.serve import TOKENS, Stack, open_stack
 from tests.support.waiting import eventually
 
@@ -39,6 +40,7 @@ def stack(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory)
         pg_url, redis_url, CONSOLE_BROKER_DB, tmp, "serve-console", app=APP, workers=2
     ) as made:
         made.doors.beat()
+        made.doors.start_listener()
         yield made
 
 
@@ -144,7 +146,14 @@ def test_the_list_filters_follows_and_pages_runs(stack: Stack, page: Any) -> Non
 
     # Failed runs are one click away, with their error; the filter is in the address.
     page.click("#only-failed")
-    shows(page, [broken])
+    # Every failed run the operator may read (other tests' too, in the same database):
+    # this one among them, and no run of another status.
+    page.wait_for_function(
+        "id => { const rows = [...document.querySelectorAll('li.run-row')];"
+        " return rows.some(r => r.dataset.run === id)"
+        " && rows.every(r => r.dataset.status === 'failed'); }",
+        arg=broken,
+    )
     assert "status=failed" in page.url and f"q={tag}" not in page.url
     page.fill("#q", tag)
     page.click("#filters button[type=submit]")
@@ -302,6 +311,26 @@ def test_approve_a_call_on_the_runs_page_and_the_run_completes(stack: Stack, pag
     assert call is not None
     assert (call["decided_by"], call["decision_reason"]) == ("alice", "checked the order")
     assert executed(run_id).count(("refund", f"{run_id}:tool:call_1")) == 1
+    assert page.console_errors == []
+
+
+def test_a_decision_sent_on_the_redis_channel_shows_on_the_open_page(
+    stack: Stack, page: Any
+) -> None:
+    run_id = stack.start("user-7", text="refund by message")
+    stack.doors.wait_status(run_id, "awaiting_approval")
+    open_as(page, stack, "user-7", f"/runs/{run_id}")
+    status_is(page, "awaiting_approval")
+    waiting = page.locator("#waiting .item.approval[data-call='call_1']")
+    waiting.wait_for()
+    # The page's actor may not decide: the call is shown, with no buttons to press.
+    assert waiting.locator("button.approve").count() == 0
+    message = approval(run_id, "call_1", reason="sent from the channel")
+    assert stack.doors.publish(signed(message)) >= 1  # the listener hears it
+    status_is(page, "completed")
+    decision = page.locator("#decisions li.decision[data-call='call_1']")
+    assert decision.locator(".decider").text_content() == "alice"
+    assert decision.locator(".reason").text_content() == "sent from the channel"
     assert page.console_errors == []
 
 
