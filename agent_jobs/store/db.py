@@ -278,7 +278,12 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     schema = schema_of(engine)
     if schema is not None:
         with engine.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            # Made only when missing: Postgres checks the right to create a schema before
+            # it looks whether one exists, and a role given a schema made for it need not
+            # have that right.
+            exists = text("SELECT 1 FROM pg_namespace WHERE nspname = :schema")
+            if conn.execute(exists, {"schema": schema}).first() is None:
+                conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
             adopt_public_layout(conn, schema)
     command.upgrade(_alembic_config(engine), revision)
 

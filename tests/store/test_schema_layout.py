@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +19,7 @@ from agent_jobs.migrations import HEAD
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 from agent_jobs.store.schema import metadata
-from tests.support.services import own_database
+from tests.support.services import PG_ADMIN_URL, own_database
 from tests.support.workers import ROOT
 
 APP_REVISION = "a1b2c3d4e5f6"  # the application's own Alembic history
@@ -150,3 +151,33 @@ def test_a_migration_that_fails_says_what_to_do_in_one_line(database: str) -> No
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: migrating the database failed"), lines
     assert "Traceback" not in done.stderr
+
+
+def test_a_role_that_may_not_create_schemas_upgrades_the_schema_made_for_it() -> None:
+    """A database role given a schema of its own (made for it by an administrator), and
+    no right to create schemas in the database: `db upgrade` failed with "permission
+    denied for database" at `CREATE SCHEMA IF NOT EXISTS`, which Postgres checks before
+    it looks whether the schema exists."""
+    role = f"aj_migrator_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+        with own_database("agent_jobs_migrator", migrate=False) as url:
+            owner = create_engine(url, isolation_level="AUTOCOMMIT")
+            try:
+                with owner.connect() as conn:
+                    conn.execute(text(f'CREATE SCHEMA agent_jobs AUTHORIZATION "{role}"'))
+                    name = url.rsplit("/", 1)[1]
+                    conn.execute(text(f'REVOKE CREATE ON DATABASE "{name}" FROM "{role}"'))
+            finally:
+                owner.dispose()
+            as_role = url.replace("postgres@", f"{role}@", 1)
+            done = db_upgrade(as_role)
+            assert done.returncode == 0, done.stderr
+            assert OURS | {"alembic_version"} <= tables(url)["agent_jobs"]
+            assert revisions(url, "agent_jobs") == [HEAD]
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
