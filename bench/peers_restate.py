@@ -1,0 +1,158 @@
+"""Restate beside agent-jobs (`python -m bench.peers restate`): W1, W2 and W3 as one
+durable handler whose model calls and reads are each a journaled `ctx.run`.
+
+The server is restate-server from npm (`npm ci --prefix bench/restate --ignore-scripts`:
+the version bench/restate/package-lock.json pins), one node at its defaults (its log
+and partitions on RocksDB with fsync on, replication 1), in a temporary directory that
+is removed after; telemetry and the web UI are off, and it listens on free ports of
+127.0.0.1 only. The handler is served by the Python SDK on hypercorn in a process of its
+own (`python -m bench.peers_restate PORT`), reached over HTTP/2 as Restate does by
+default; its limit of HTTP/2 streams at once, each an invocation in flight, is raised
+from hypercorn's 100 so that W3's runs are not queued behind it. This process registers
+the deployment and calls the handler through the ingress, each run a request whose
+response is the run's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import restate
+
+from bench.peers import Served, free_port, model_async, read_async, server
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCH = {"x86_64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), "x64")
+SERVER = (
+    ROOT / f"bench/restate/node_modules/@restatedev/restate-server-linux-{ARCH}/bin/restate-server"
+)
+STREAMS = 10_000  # HTTP/2 streams at once on the service's connection: invocations in flight
+
+agent = restate.Service("Agent")
+
+
+@agent.handler()
+async def run(ctx: restate.Context, request: dict[str, Any]) -> dict[str, Any]:
+    """The agent's loop: a model turn, then its reads together, until the model answers."""
+    plan = request["plan"]
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for turn in range(10):
+        reply = await ctx.run_typed(f"model {turn}", model_async, restate.RunOptions(), plan, turn)
+        history.append({"role": "assistant", **reply})
+        if not reply["tool_calls"]:
+            return {"text": reply["text"], "messages": len(history)}
+        calls = reply["tool_calls"]
+        reads = [
+            ctx.run_typed(c["id"], read_async, restate.RunOptions(), c["name"], c["args"])
+            for c in calls
+        ]
+        await restate.gather(*reads)
+        history += [
+            {"role": "tool", "id": c["id"], "content": await r}
+            for c, r in zip(calls, reads, strict=True)
+        ]
+    raise restate.TerminalError("the script never answered")
+
+
+app = restate.app(services=[agent])
+
+
+def config(data: Path, ingress: int, admin: int, fabric: int) -> str:
+    """One node on 127.0.0.1, everything else at the server's defaults."""
+    return f"""\
+node-name = "bench"
+cluster-name = "agent-jobs-bench"
+base-dir = "{data}"
+listen-mode = "tcp"
+bind-address = "127.0.0.1:{fabric}"
+advertised-address = "http://127.0.0.1:{fabric}/"
+disable-telemetry = true
+
+[ingress]
+bind-address = "127.0.0.1:{ingress}"
+advertised-ingress-endpoint = "http://127.0.0.1:{ingress}/"
+
+[admin]
+bind-address = "127.0.0.1:{admin}"
+disable-web-ui = true
+"""
+
+
+async def _retry(call: Any, what: str, seconds: float = 120) -> Any:
+    """`call()` until it succeeds: the server takes a moment to lead its partitions."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            return await call()
+        except httpx.HTTPError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise SystemExit(f"Restate: {what} still failing after {seconds} s") from None
+            await asyncio.sleep(0.5)
+
+
+@asynccontextmanager
+async def serve() -> AsyncIterator[Served]:
+    """restate-server and the service up, the deployment registered; down on the way out."""
+    if not SERVER.exists():
+        raise SystemExit(f"no {SERVER}: npm ci --prefix bench/restate --ignore-scripts")
+    ingress, admin, fabric, service = (free_port() for _ in range(4))
+    with tempfile.TemporaryDirectory(prefix="bench-restate-") as tmp:
+        home = Path(tmp)
+        (home / "restate.toml").write_text(config(home / "data", ingress, admin, fabric))
+        args = [str(SERVER), "--config-file", "restate.toml", "--log-disable-ansi-codes", "true"]
+        serving = [sys.executable, "-m", "bench.peers_restate", str(service)]
+        env = os.environ | {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        }
+        with (
+            server(args, [admin, ingress], home) as restate_server,
+            # It keeps nothing (a run's state is the server's), and the SDK's answer to
+            # SIGTERM is to wait for Restate's connection to drain: it is killed.
+            server(serving, [service], home, env, signal.SIGKILL) as service_proc,
+        ):
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            async with httpx.AsyncClient(timeout=900, limits=limits) as http:
+
+                async def register() -> None:
+                    url = f"http://127.0.0.1:{admin}/deployments"
+                    body = {"uri": f"http://127.0.0.1:{service}", "force": True}
+                    (await http.post(url, json=body)).raise_for_status()
+
+                async def run_plan(plan: str) -> dict[str, Any]:
+                    url = f"http://127.0.0.1:{ingress}/Agent/run"
+                    response = await http.post(url, json={"plan": plan})
+                    response.raise_for_status()
+                    result: dict[str, Any] = response.json()
+                    return result
+
+                await _retry(register, "registering the service")
+                await _retry(lambda: run_plan("w1"), "the first run")
+                processes = {"bench": os.getpid(), "service": service_proc.pid}
+                yield Served(run_plan, processes | {"server": restate_server.pid})
+
+
+def main() -> None:
+    """The service's own process: the handler on hypercorn, on 127.0.0.1:PORT."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    hyper = Config()
+    hyper.bind = [f"127.0.0.1:{int(sys.argv[1])}"]
+    hyper.accesslog = None
+    hyper.loglevel = "WARNING"
+    hyper.h2_max_concurrent_streams = STREAMS
+    asyncio.run(hypercorn_serve(app, hyper))  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()
