@@ -10,8 +10,10 @@ reads on 8 processes: wall time. The floor, measured in the same run: a Celery n
 round trip and a Postgres single-row commit. W3: 200 runs of W1's shape whose model
 calls take 1.0 s and reads 0.2 s (a run alone: 3.4 s), enqueued at once on one worker
 with the given pool: makespan against that ideal, and the worker's peak RSS. With
-`--peers` (the `bench` extra), the same W1 and W2 on LangGraph + PostgresSaver and on
-DBOS right after (`bench.peers`), and our figures as ratios to theirs.
+`--peers` (the `bench` extra; for Restate, `npm ci --prefix bench/restate
+--ignore-scripts`), the same W1 and W2 on LangGraph + PostgresSaver, DBOS, Restate and
+Temporal right after (`bench.peers`), W3 on Restate (200 runs, as ours, and 1,000) and
+on Temporal (200), and our figures as ratios to theirs.
 """
 
 from __future__ import annotations
@@ -270,8 +272,9 @@ def main() -> None:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="also W1 and W2 on LangGraph + PostgresSaver and on DBOS (bench.peers; needs the "
-        "`bench` extra), and our figures as ratios to theirs",
+        help="also W1 and W2 on LangGraph + PostgresSaver, DBOS, Restate and Temporal, and W3 "
+        "on Restate and Temporal (bench.peers; needs the `bench` extra and, for Restate, "
+        "`npm ci --prefix bench/restate --ignore-scripts`), and our figures as ratios to theirs",
     )
     parser.add_argument(
         "--eager",
@@ -401,6 +404,9 @@ def main() -> None:
     del tmp
     if args.peers:
         figures["peers"] = {name: peer(name, args.pg, args.runs) for name in PEERS}
+        for name, sizes in PEERS_W3.items():
+            for size in sizes:
+                figures["peers"][name][f"w3_{size}"] = peer(name, args.pg, args.runs, w3=size)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -461,13 +467,16 @@ def w3(
     return {"makespan_s": makespan, "vs_ideal": makespan / 3.4, "rss_mib": peak / 2**20}
 
 
-PEERS = ("langgraph", "dbos")
+PEERS = ("langgraph", "dbos", "restate", "temporal")
+# W3 on the peers that run it, by its number of runs: ours' 200, and 1,000 at LLM scale.
+PEERS_W3 = {"restate": (200, 1000), "temporal": (200,)}
 
 
-def peer(name: str, pg: str, runs: int) -> dict[str, float]:
+def peer(name: str, pg: str, runs: int, w3: int | None = None) -> dict[str, Any]:
     """A peer's figures (`bench.peers`), measured in a process of its own."""
+    extra = ["--w3", str(w3)] if w3 else []
     done = subprocess.run(
-        [sys.executable, "-m", "bench.peers", name, "--pg", pg, "--runs", str(runs)],
+        [sys.executable, "-m", "bench.peers", name, "--pg", pg, "--runs", str(runs), *extra],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -475,7 +484,7 @@ def peer(name: str, pg: str, runs: int) -> dict[str, float]:
     )
     if done.returncode != 0:
         raise SystemExit(f"the {name} peer failed:\n{done.stderr[-3000:]}")
-    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
 
 
@@ -523,27 +532,67 @@ def report(f: dict[str, Any]) -> None:
     )
     print(f"W2 (eight 0.5 s reads, 8 processes): {f['w2_wall_s']:.2f} s wall")
     for name, p in f.get("peers", {}).items():
-        print(
-            f"{name}: W1 {p['w1_seq_runs_per_s']:.1f} runs/s one after another "
-            f"({p['w1_conc4_runs_per_s']:.1f} on 4 threads), p50 {p['w1_seq_p50_ms']:.1f} ms "
-            f"a run, CPU {p['w1_cpu_ms_per_run']:.0f} ms a run (its process and Postgres), "
-            f"{p['w1_commits_per_run']:.1f} write transactions and "
-            f"{p['w1_wal_bytes_per_run'] / 1024:.1f} kB WAL a run; W2 {p['w2_wall_s']:.2f} s"
-        )
-        print(
-            f"   agent-jobs / {name}: W1 runs/s {f['w1_runs_per_s'] / p['w1_seq_runs_per_s']:.2f}"
-            f" (vs its 4 threads {f['w1_runs_per_s'] / p['w1_conc4_runs_per_s']:.2f}), "
-            f"a run alone {f['w1_alone_p50_ms'] / p['w1_seq_p50_ms']:.2f}, "
-            f"CPU a run {f['w1_cpu_ms_per_run'] / p['w1_cpu_ms_per_run']:.2f}, "
-            f"WAL a run {f['w1_wal_bytes_per_run'] / p['w1_wal_bytes_per_run']:.2f}, "
-            f"W2 {f['w2_wall_s'] / p['w2_wall_s']:.2f}"
-        )
+        report_peer(f, name, p)
     for key, w3 in f.items():
         if key.startswith("w3_"):
             print(
                 f"W3 ({key[3:]}, 200 runs of 1.0 s model calls, 0.2 s reads): "
                 f"{w3['makespan_s']:.1f} s = {w3['vs_ideal']:.1f} x the 3.4 s ideal, "
                 f"worker RSS {w3['rss_mib']:.0f} MiB"
+            )
+    for name, p in f.get("peers", {}).items():
+        for key, w3 in p.items():
+            if key.startswith("w3_"):
+                report_peer_w3(f, name, w3)
+
+
+def report_peer(f: dict[str, Any], name: str, p: dict[str, Any]) -> None:
+    """A peer's W1 and W2, and ours as ratios to them."""
+    roles = [k.removeprefix("w1_cpu_ms_per_run_") for k in p if k.startswith("w1_cpu_ms_per_run_")]
+    cpu = ", ".join(f"{role} {p[f'w1_cpu_ms_per_run_{role}']:.0f}" for role in roles)
+    writes = (
+        f", {p['w1_commits_per_run']:.1f} write transactions and "
+        f"{p['w1_wal_bytes_per_run'] / 1024:.1f} kB WAL a run"
+        if "w1_wal_bytes_per_run" in p
+        # Restate's journal entries, Temporal's history events.
+        else f", {p['w1_record_entries_per_run']} entries in the record of a run"
+    )
+    print(
+        f"{name}: W1 {p['w1_seq_runs_per_s']:.1f} runs/s one after another "
+        f"({p['w1_conc4_runs_per_s']:.1f} 4 at a time), p50 {p['w1_seq_p50_ms']:.1f} ms "
+        f"a run, CPU {p['w1_cpu_ms_per_run']:.0f} ms a run "
+        f"({cpu or 'its process and Postgres'}){writes}; W2 {p['w2_wall_s']:.2f} s"
+    )
+    wal = (
+        f"WAL a run {f['w1_wal_bytes_per_run'] / p['w1_wal_bytes_per_run']:.2f}, "
+        if "w1_wal_bytes_per_run" in p
+        else ""
+    )
+    print(
+        f"   agent-jobs / {name}: W1 runs/s {f['w1_runs_per_s'] / p['w1_seq_runs_per_s']:.2f}"
+        f" (vs its 4 at a time {f['w1_runs_per_s'] / p['w1_conc4_runs_per_s']:.2f}), "
+        f"a run alone {f['w1_alone_p50_ms'] / p['w1_seq_p50_ms']:.2f}, "
+        f"CPU a run {f['w1_cpu_ms_per_run'] / p['w1_cpu_ms_per_run']:.2f}, "
+        f"{wal}W2 {f['w2_wall_s'] / p['w2_wall_s']:.2f}"
+    )
+
+
+def report_peer_w3(f: dict[str, Any], name: str, w3: dict[str, Any]) -> None:
+    """A peer's W3, and ours as ratios to it where ours ran as many runs."""
+    rss = ", ".join(
+        f"{k.removeprefix('rss_mib_')} {v:.0f}" for k, v in w3.items() if k.startswith("rss_mib_")
+    )
+    print(
+        f"{name} W3 ({w3['runs']} runs at once): {w3['makespan_s']:.1f} s = "
+        f"{w3['vs_ideal']:.1f} x the 3.4 s ideal, peak RSS MiB: {rss}"
+    )
+    if w3["runs"] != 200:  # ours runs 200
+        return
+    for key, ours in f.items():
+        if key.startswith("w3_"):
+            print(
+                f"   agent-jobs ({key[3:]}) / {name}: W3 makespan "
+                f"{ours['makespan_s'] / w3['makespan_s']:.2f}"
             )
 
 

@@ -288,11 +288,13 @@ def dbos(url: str, runs: int) -> dict[str, float]:
 
 @dataclass
 class Served:
-    """A peer up on the server this process started: how to run a plan through it, and
-    the processes taking part, by role (this process, a service's of its own, the server)."""
+    """A peer up on the server this process started: how to run a plan through it, the
+    processes taking part by role (this process, a service's of its own, the server), and
+    how many entries the durable record of one W1 run holds."""
 
     run: Callable[[str], Awaitable[dict[str, Any]]]
     processes: dict[str, int]
+    record: Callable[[], Awaitable[int]]
 
 
 def free_port() -> int:
@@ -396,6 +398,7 @@ async def measure_served(served: Served, runs: int) -> dict[str, float]:
                 figures[f"w1_cpu_ms_per_run_{role}"] = (cpu1[role] - cpu0[role]) / runs * 1000
             figures["w1_cpu_ms_per_run"] = sum(cpu1[k] - cpu0[k] for k in cpu0) / runs * 1000
     figures["w2_wall_s"] = (await _phase(served, "w2", 1, 1))[0]
+    figures["w1_record_entries_per_run"] = await served.record()
     return figures
 
 

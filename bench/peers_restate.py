@@ -128,17 +128,30 @@ async def serve() -> AsyncIterator[Served]:
                     body = {"uri": f"http://127.0.0.1:{service}", "force": True}
                     (await http.post(url, json=body)).raise_for_status()
 
-                async def run_plan(plan: str) -> dict[str, Any]:
+                async def call(plan: str) -> httpx.Response:
                     url = f"http://127.0.0.1:{ingress}/Agent/run"
                     response = await http.post(url, json={"plan": plan})
-                    response.raise_for_status()
-                    result: dict[str, Any] = response.json()
+                    return response.raise_for_status()
+
+                async def run_plan(plan: str) -> dict[str, Any]:
+                    result: dict[str, Any] = (await call(plan)).json()
                     return result
+
+                async def record() -> int:
+                    """The journal entries of a W1 run, as the server's SQL sees them."""
+                    invocation = (await call("w1")).headers["x-restate-id"]
+                    sql = f"SELECT count(*) AS n FROM sys_journal WHERE id = '{invocation}'"
+                    response = await http.post(
+                        f"http://127.0.0.1:{admin}/query",
+                        json={"query": sql},
+                        headers={"accept": "application/json"},
+                    )
+                    return int(response.raise_for_status().json()["rows"][0]["n"])
 
                 await _retry(register, "registering the service")
                 await _retry(lambda: run_plan("w1"), "the first run")
-                processes = {"bench": os.getpid(), "service": service_proc.pid}
-                yield Served(run_plan, processes | {"server": restate_server.pid})
+                processes = {"client": os.getpid(), "service": service_proc.pid}
+                yield Served(run_plan, processes | {"server": restate_server.pid}, record)
 
 
 def main() -> None:

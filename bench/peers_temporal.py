@@ -111,5 +111,13 @@ async def serve() -> AsyncIterator[Served]:
                     )
                     return result
 
+                async def record() -> int:
+                    """The events of a W1 run's history."""
+                    run_id = f"w1-{uuid.uuid4()}"
+                    await client.execute_workflow(Agent.run, "w1", id=run_id, task_queue=QUEUE)
+                    history = await client.get_workflow_handle(run_id).fetch_history()
+                    return len(history.events)
+
                 await asyncio.wait_for(run_plan("w1"), 120)  # the namespace ready
-                yield Served(run_plan, {"bench": os.getpid(), "server": temporal.pid})
+                processes = {"worker": os.getpid(), "server": temporal.pid}
+                yield Served(run_plan, processes, record)
