@@ -289,12 +289,14 @@ def dbos(url: str, runs: int) -> dict[str, float]:
 @dataclass
 class Served:
     """A peer up on the server this process started: how to run a plan through it, the
-    processes taking part by role (this process, a service's of its own, the server), and
-    how many entries the durable record of one W1 run holds."""
+    processes taking part by role (this process, a service's of its own, the server), how
+    many entries the durable record of one W1 run holds, and, where the peer has a way of
+    its own to start many runs and wait for them, W3 that way (its makespan)."""
 
     run: Callable[[str], Awaitable[dict[str, Any]]]
     processes: dict[str, int]
     record: Callable[[], Awaitable[int]]
+    w3: Callable[[int], Awaitable[float]] | None = None
 
 
 def free_port() -> int:
@@ -403,24 +405,29 @@ async def measure_served(served: Served, runs: int) -> dict[str, float]:
 
 
 async def w3_served(served: Served, runs: int) -> dict[str, float]:
-    """W3: `runs` runs started at once; the makespan, and each process's peak RSS."""
+    """W3: `runs` runs started at once; the makespan, and each process's peak RSS and CPU."""
     from bench.durable import _rss_bytes
 
     await _phase(served, "w3", 2, 2)  # warm up
     peak = dict.fromkeys(served.processes, 0)
-    started = time.perf_counter()
-    every = asyncio.ensure_future(_phase(served, "w3", runs, runs))
+
+    async def all_at_once() -> float:
+        return (await _phase(served, "w3", runs, runs))[0]  # every run checked
+
+    cpu0 = cpu_by_role(served.processes)
+    every = asyncio.ensure_future(served.w3(runs) if served.w3 else all_at_once())
     while not every.done():
         for role, pid in served.processes.items():
             peak[role] = max(peak[role], _rss_bytes([pid]))
         await asyncio.wait([every], timeout=0.2)
-    every.result()  # every run checked
-    makespan = time.perf_counter() - started
+    makespan = every.result()
+    cpu1 = cpu_by_role(served.processes)
     return {
         "runs": runs,
         "makespan_s": makespan,
         "vs_ideal": makespan / W3_IDEAL_S,
         **{f"rss_mib_{role}": rss / 2**20 for role, rss in peak.items()},
+        **{f"cpu_s_{role}": cpu1[role] - cpu0[role] for role in cpu0},
     }
 
 

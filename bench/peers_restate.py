@@ -21,6 +21,7 @@ import platform
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 import restate
 
-from bench.peers import Served, free_port, model_async, read_async, server
+from bench.peers import Served, check, free_port, model_async, read_async, server
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = {"x86_64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), "x64")
@@ -120,18 +121,23 @@ async def serve() -> AsyncIterator[Served]:
             # SIGTERM is to wait for Restate's connection to drain: it is killed.
             server(serving, [service], home, env, signal.SIGKILL) as service_proc,
         ):
+            # The runs go over HTTP/2 (h2c), each a stream of one connection: over HTTP/1.1
+            # W3's thousand connections at once cost this process more CPU than Restate
+            # takes. Set-up goes over HTTP/1.1, which a refused first try cannot wedge.
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-            async with httpx.AsyncClient(timeout=900, limits=limits) as http:
+            async with (
+                httpx.AsyncClient(timeout=60) as setup,
+                httpx.AsyncClient(timeout=900, limits=limits, http1=False, http2=True) as http,
+            ):
 
                 async def register() -> None:
                     url = f"http://127.0.0.1:{admin}/deployments"
                     body = {"uri": f"http://127.0.0.1:{service}", "force": True}
-                    (await http.post(url, json=body)).raise_for_status()
+                    (await setup.post(url, json=body)).raise_for_status()
 
-                async def call(plan: str) -> httpx.Response:
+                async def call(plan: str, client: httpx.AsyncClient = http) -> httpx.Response:
                     url = f"http://127.0.0.1:{ingress}/Agent/run"
-                    response = await http.post(url, json={"plan": plan})
-                    return response.raise_for_status()
+                    return (await client.post(url, json={"plan": plan})).raise_for_status()
 
                 async def run_plan(plan: str) -> dict[str, Any]:
                     result: dict[str, Any] = (await call(plan)).json()
@@ -141,17 +147,52 @@ async def serve() -> AsyncIterator[Served]:
                     """The journal entries of a W1 run, as the server's SQL sees them."""
                     invocation = (await call("w1")).headers["x-restate-id"]
                     sql = f"SELECT count(*) AS n FROM sys_journal WHERE id = '{invocation}'"
-                    response = await http.post(
+                    return int((await query(sql))[0]["n"])
+
+                async def query(sql: str) -> list[dict[str, Any]]:
+                    response = await setup.post(
                         f"http://127.0.0.1:{admin}/query",
                         json={"query": sql},
                         headers={"accept": "application/json"},
                     )
-                    return int(response.raise_for_status().json()["rows"][0]["n"])
+                    rows: list[dict[str, Any]] = response.raise_for_status().json()["rows"]
+                    return rows
+
+                async def completed() -> int:
+                    sql = (
+                        "SELECT count(*) AS n FROM sys_invocation_status WHERE status = 'completed'"
+                    )
+                    return int((await query(sql))[0]["n"])
+
+                async def w3(runs: int) -> float:
+                    """W3's runs started as ours are: each sent (the ingress answers once the
+                    server holds it durably), then the server asked every 0.2 s how many
+                    have completed. The makespan; each run's answer is checked after."""
+                    before = await completed()
+                    gate = asyncio.Semaphore(16)
+                    started = time.perf_counter()
+
+                    async def send() -> str:
+                        async with gate:
+                            url = f"http://127.0.0.1:{ingress}/Agent/run/send"
+                            response = await http.post(url, json={"plan": "w3"})
+                            return str(response.raise_for_status().json()["invocationId"])
+
+                    sent = await asyncio.gather(*(send() for _ in range(runs)))
+                    while await completed() - before < runs:
+                        await asyncio.sleep(0.2)
+                    makespan = time.perf_counter() - started
+                    for invocation in sent:
+                        url = f"http://127.0.0.1:{ingress}/restate/invocation/{invocation}/output"
+                        check("w3", (await setup.get(url)).raise_for_status().json())
+                    return makespan
 
                 await _retry(register, "registering the service")
-                await _retry(lambda: run_plan("w1"), "the first run")
+                await _retry(lambda: call("w1", setup), "the first run")
+                await run_plan("w1")
                 processes = {"client": os.getpid(), "service": service_proc.pid}
-                yield Served(run_plan, processes | {"server": restate_server.pid}, record)
+                processes["server"] = restate_server.pid
+                yield Served(run_plan, processes, record, w3)
 
 
 def main() -> None:
