@@ -15,7 +15,7 @@ from ..documents import run_document, steps_document
 from ..errors import InvalidRequestError
 from ..store import RunView
 from ..store import runs as run_rows
-from ..store.listing import RunFilter
+from ..store.listing import MAX_LIMIT, RunFilter
 from ..store.retention import PRUNED
 from .common import app, handle_errors, out, print_json, settings, store
 from .shapes import count_shapes, describe
@@ -90,7 +90,7 @@ def status(run_id: str, as_json: bool) -> None:
     is_flag=True,
     help="Count every unfinished run by loop shape (the patches it took, those it refused).",
 )
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, MAX_LIMIT))
 @click.option(
     "--cursor", help="Go on after the page whose `next_cursor` this is (--json prints it)."
 )
