@@ -334,7 +334,12 @@ def straced(client: Client, worker: Process, n: int, out: Path) -> dict[str, Any
     calls = []
     for line in log.read_text().splitlines():
         fields = line.split()
-        if len(fields) >= 5 and fields[-1].isidentifier() and fields[3].isdigit():
+        if (
+            len(fields) >= 5
+            and fields[-1].isidentifier()
+            and fields[3].isdigit()
+            and fields[-1] != "total"
+        ):
             calls.append((fields[-1], round(int(fields[3]) / n, 1)))
     calls.sort(key=lambda kv: -kv[1])
     return {"per_run": round(sum(c for _, c in calls), 1), "by_call_per_run": calls[:20]}
