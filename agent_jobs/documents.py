@@ -38,7 +38,7 @@ def run_document(db: Store, run: RunView) -> dict[str, Any]:
     doc["pending_questions"] = [
         {"request_id": q.request_id, "tool": q.tool, "questions": q.questions} for q in asked
     ]
-    doc["unknown_calls"] = [_unknown(run.run_id, row) for row in unknown]
+    doc["unknown_calls"] = [unknown_call(run.run_id, row) for row in unknown]
     doc["decisions"] = [
         {
             "call_id": c.call_id,
@@ -53,7 +53,7 @@ def run_document(db: Store, run: RunView) -> dict[str, Any]:
     return doc
 
 
-def _unknown(run_id: str, row: Any) -> dict[str, Any]:
+def unknown_call(run_id: str, row: Any) -> dict[str, Any]:
     """A call whose outcome is unknown, as `agent-jobs reconcile` needs it."""
     intent = row.intent if isinstance(row.intent, Mapping) else {}
     found = intent.get("call")

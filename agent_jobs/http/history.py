@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from ..app import AgentApp
 from ..approvals.reconcile import may_reconcile
 from ..controls.fork import preview
-from ..documents import steps_document
+from ..documents import steps_document, unknown_call
 from ..store import RunView, outcomes
 from ..store.listing import Reader, RunFilter
 from ..store.runs import TERMINAL, RunStatus
@@ -226,7 +226,7 @@ def may(run_id: str, request: Request, caller: CallerDep) -> dict[str, list[str]
     calls = door.store.tool_calls(run.run_id)
     with door.store.connect() as conn:
         unknown = outcomes.unknown(conn, run.run_id)
-    waiting = {_call_id(row.intent) for row in unknown}
+    waiting = {unknown_call(run.run_id, row)["call_id"] for row in unknown}
     return {
         "controls": allowed(caller, run),
         "decide": [
@@ -240,11 +240,6 @@ def may(run_id: str, request: Request, caller: CallerDep) -> dict[str, list[str]
             if c["call_id"] in waiting and may_reconcile(door.app, c["name"], caller.actor)
         ],
     }
-
-
-def _call_id(intent: Any) -> str | None:
-    call = intent.get("call") if isinstance(intent, dict) else None
-    return str(call.get("id")) if isinstance(call, dict) else None
 
 
 def allowed(caller: Caller, run: RunView) -> list[str]:
