@@ -26,6 +26,16 @@ reads (`READ_ONLY`, `Store.connect`) gets a read-only transaction: statements he
 in one of their own, `BEGIN READ ONLY` … `COMMIT` in the same round trip (so its close
 costs none); SQLAlchemy's own statements open one that the close rolls back.
 
+A pipeline's statements go out in one write. psycopg flushes the socket after each
+statement executed in a pipeline (a `send` and a wait for the socket a statement: 101
+sends for a W1 run's 22 round trips); here each is only put in libpq's buffer, and the
+pipeline's sync sends them all and reads every result (45 sends). libpq, in the
+non-blocking mode psycopg runs it in, reads what the server sends whenever its buffer
+cannot be written, and the sync waits for the socket both ways, so a large batch does not
+deadlock against large results. This leans on psycopg's pipeline internals
+(`_communicate_gen`, `command_queue`): it is taken only where they are as in the versions
+tested (`_ONE_WRITE`), and psycopg's own path runs otherwise.
+
 Errors are SQLAlchemy's (`DBAPIError` wrapping psycopg's), so callers tell transient
 failures apart as they do for every other statement; a connection lost on the way is
 invalidated. Other dialects (SQLite) run the same statements through SQLAlchemy.
@@ -33,7 +43,8 @@ invalidated. Other dialects (SQLite) run the same statements through SQLAlchemy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -75,17 +86,21 @@ class Row:
         return f"Row({self._mapping!r})"
 
 
-def _rows(cursor: Any) -> Callable[[Sequence[Any]], Row]:
-    names = [column.name for column in cursor.description or ()]
-    return lambda values: Row(dict(zip(names, values, strict=True)))
-
-
-@dataclass(frozen=True)
+@dataclass
 class _Compiled:
     statement: Executable  # held, so its id is never reused while cached
     sql: str
     compiled: Any
     processors: dict[str, Callable[[Any], Any]]
+    names: list[str] | None = None  # the result's column names, read at its first run
+
+    def rows(self, cursor: Any) -> Callable[[Sequence[Any]], Row]:
+        """The row factory: the statement's column names are the same at every run, so
+        they are read from the cursor's description once."""
+        names = self.names
+        if names is None:
+            names = self.names = [column.name for column in cursor.description or ()]
+        return lambda values: Row(dict(zip(names, values, strict=True)))
 
     def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = self.compiled.construct_params(values)
@@ -202,15 +217,15 @@ def _run(
     cursors = []
     try:
         if waiting or len(compiled) > 1:
-            with raw.pipeline():
+            with _pipeline(raw):
                 _send(raw, waiting or ())
                 for entry, params in compiled:
-                    cursors.append(raw.cursor(row_factory=_rows))
+                    cursors.append(raw.cursor(row_factory=entry.rows))
                     cursors[-1].execute(entry.sql, params)
                 _send(raw, after)
         else:
             [(entry, params)] = compiled
-            cursors.append(raw.cursor(row_factory=_rows))
+            cursors.append(raw.cursor(row_factory=entry.rows))
             cursors[-1].execute(entry.sql, params)
         found = [c.fetchall() if c.description is not None else [] for c in cursors]
         return found, cursors[-1].rowcount
@@ -224,6 +239,41 @@ def _reads_only(conn: Connection) -> bool:
 
 def _raw(conn: Connection) -> psycopg.Connection[Any]:
     return cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+
+
+def _internals_as_tested() -> bool:
+    """psycopg's pipeline has the private parts the one write stands in for (3.1-3.3)."""
+    return all(
+        callable(getattr(psycopg.Pipeline, name, None))
+        for name in ("_communicate_gen", "_enqueue_sync", "_fetch_gen")
+    )
+
+
+_ONE_WRITE = _internals_as_tested()
+
+
+def _queued(pipeline: Any) -> Generator[Any, Any, None]:
+    """In place of a pipeline's communication after each statement: the statement goes
+    into libpq's buffer, nothing is sent or read yet."""
+    queue = pipeline.command_queue
+    while queue:
+        queue.popleft()()
+    return
+    yield  # a generator, as the communication it stands in for
+
+
+@contextmanager
+def _pipeline(raw: psycopg.Connection[Any]) -> Iterator[None]:
+    """A psycopg pipeline whose statements go out together when it syncs (see above)."""
+    with raw.pipeline() as pipeline:
+        if not _ONE_WRITE or pipeline.level != 1 or not hasattr(pipeline, "command_queue"):
+            yield
+            return
+        pipeline._communicate_gen = lambda: _queued(pipeline)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            del pipeline._communicate_gen  # the sync on the way out sends and reads all
 
 
 def _send(raw: psycopg.Connection[Any], waiting: Iterable[tuple[str, Any]]) -> None:
@@ -242,7 +292,7 @@ def _wrapped(conn: Connection, exc: psycopg.Error, sql: str, params: Any) -> DBA
 def _flush(conn: Connection, waiting: list[tuple[str, Any]], *, commit: bool = False) -> None:
     raw = _raw(conn)
     try:
-        with raw.pipeline():
+        with _pipeline(raw):
             # A plain COMMIT: psycopg's own would sync once more.
             _send(raw, [*waiting, _COMMIT] if commit else waiting)
     except psycopg.Error as exc:

@@ -269,3 +269,57 @@ def test_a_statement_with_values_bound_at_each_execution_is_refused(pg: Store) -
 
 def driver_url(store: Store) -> str:
     return store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _communications(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each time psycopg's pipeline talks to the server (sends what it holds, reads what
+    came back), the number of statements it still held to send."""
+    import psycopg._pipeline_base as base
+
+    seen: list[int] = []
+    real = base.pipeline_communicate
+
+    def counted(pgconn: Any, commands: Any) -> Any:
+        seen.append(len(commands))
+        return real(pgconn, commands)
+
+    monkeypatch.setattr(base, "pipeline_communicate", counted)
+    return seen
+
+
+def _numbered(count: int) -> list[tuple[Any, dict[str, Any]]]:
+    return [(text(f"SELECT {n} AS n, CAST(:v AS text) AS v"), {"v": f"v{n}"}) for n in range(count)]
+
+
+def test_a_pipelines_statements_go_out_together_at_its_sync(
+    pg: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg talks to the server after each statement of a pipeline (a send a
+    statement); the driver's statements wait in libpq's buffer and go out at the sync, the
+    one time the pipeline talks to the server. Without the one write (psycopg's own path)
+    the rows are the same."""
+    seen = _communications(monkeypatch)
+    with pg.begin() as conn:
+        found = driver.batch(conn, _numbered(6))
+    assert [[(r.n, r.v) for r in rows] for rows in found] == [[(n, f"v{n}")] for n in range(6)]
+    assert seen == [1]  # once, at the sync, which is all it still holds to send
+
+    seen.clear()
+    monkeypatch.setattr(driver, "_ONE_WRITE", False)
+    with pg.begin() as conn:
+        again = driver.batch(conn, _numbered(6))
+    assert [[(r.n, r.v) for r in rows] for rows in again] == [[(n, f"v{n}")] for n in range(6)]
+    assert len(seen) == 1 + 6 + 1  # the BEGIN, each statement, the sync
+
+
+def test_a_large_batch_against_large_results_does_not_deadlock(pg: Store) -> None:
+    """The statements held until the sync can be larger than the socket's buffers while
+    the server answers with results larger still: libpq reads while it writes."""
+    big = "x" * (1 << 20)
+    statements = [
+        (text(f"SELECT {n} AS n, repeat(CAST(:v AS text), 3) AS v"), {"v": big}) for n in range(24)
+    ]
+    with pg.begin() as conn:
+        found = driver.batch(conn, statements)
+    assert [rows[0].n for rows in found] == list(range(24))
+    assert all(len(rows[0].v) == 3 << 20 for rows in found)
