@@ -129,3 +129,20 @@ def test_loops_beyond_capacity_or_idle_too_long_are_let_go_of() -> None:
     assert [loop.run_id for loop in loops.purge(0)] == ["b", "c"] and len(loops) == 0
     off = StickyLoops(capacity=0)
     assert off.take("a", BORN, Read(None, [], [])) is None
+
+
+def test_the_look_for_idle_loops_ends_at_the_first_that_is_not() -> None:
+    """Loops are kept oldest first, so the look for idle ones (at every keep) reads only
+    the idle ones and the first that is not, however many are kept."""
+    loops = StickyLoops(capacity=8, idle=60)
+    kept = []
+    for run in ("a", "b", "c", "d"):
+        loop, _ = _parked(run, _hooks([]))
+        loops.keep(loop)
+        kept.append(loop)
+    now = kept[-1].parked_at
+    kept[0].parked_at = kept[1].parked_at = now - 100  # idle for longer than 60 s
+    kept[3].parked_at = now - 100  # idle too, but kept after one that is not
+    assert [loop.run_id for loop in loops.purge()] == ["a", "b"]
+    assert len(loops) == 2 and kept[2].parked and kept[3].parked
+    assert [loop.run_id for loop in loops.purge(0)] == ["c", "d"]

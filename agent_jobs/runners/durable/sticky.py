@@ -187,7 +187,11 @@ class StickyLoops:
         default); returns them."""
         cutoff = time.monotonic() - (self.idle if idle is None else idle)
         with self._lock:
-            stale = [loop for loop in self._loops.values() if loop.parked_at < cutoff]
+            stale = []
+            for loop in self._loops.values():  # in the order they were kept: oldest first
+                if loop.parked_at >= cutoff:
+                    break  # the rest were kept later
+                stale.append(loop)
             for loop in stale:
                 del self._loops[loop.run_id]
         for loop in stale:
