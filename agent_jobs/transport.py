@@ -30,10 +30,14 @@ drops its copy, so the message is delivered once. A consumer with nothing to fet
 on its deployment's queue with a BLMOVE of that list onto itself, which takes nothing
 (`fetch_wait`, 0.5 s, at most): a message on another queue it reads is seen that late
 when the worker is idle. With kombu's `global_keyprefix` set, kombu's own BRPOP is kept.
+The scripts go by their SHA-1 (`EVALSHA`), not their text (4 kB a fetch), loaded once a
+channel; a server that does not know them (restarted, its scripts flushed) answers
+NOSCRIPT, which runs nothing: the script is loaded again and the fetch sent again.
 """
 
 from __future__ import annotations
 
+import hashlib
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -94,6 +98,8 @@ redis.call('hdel', KEYS[2], ARGV[1])
 redis.call('hdel', KEYS[3], ARGV[1])
 return 1
 """
+_FETCH_SHA = hashlib.sha1(_FETCH.encode()).hexdigest()  # Redis names a script so
+_RECEIVED_SHA = hashlib.sha1(_RECEIVED.encode()).hexdigest()
 
 
 class Channel(kombu_redis.Channel):
@@ -111,6 +117,7 @@ class Channel(kombu_redis.Channel):
     fetch_restore_after = 10.0
     _waiting = False  # the command in flight waits for a message, it fetches none
     _wait_next = False  # the last fetch found nothing: wait before the next
+    _fetch_loaded = False  # the fetch's script was loaded on the server by this channel
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         if self.global_keyprefix:
@@ -134,20 +141,28 @@ class Channel(kombu_redis.Channel):
             for queue in queues
         ]
         fixed = [FETCHED, FETCHED_MESSAGES, FETCHED_FROM, FETCH_SEQ]
+        if not self._fetch_loaded:
+            self._create_client().script_load(_FETCH)
+            self._fetch_loaded = True
         restore_ms = int(self.fetch_restore_after * 1000)
-        connection.send_command("EVAL", _FETCH, len(fixed) + len(keys), *fixed, *keys, restore_ms)
+        connection.send_command(
+            "EVALSHA", _FETCH_SHA, len(fixed) + len(keys), *fixed, *keys, restore_ms
+        )
 
     def _brpop_read(self, **options: Any) -> bool:
         if self.global_keyprefix:
             return bool(super()._brpop_read(**options))  # type: ignore[misc]
         client = self.client
         try:
-            command = "BLMOVE" if self._waiting else "EVAL"
+            command = "BLMOVE" if self._waiting else "EVALSHA"
             try:
                 reply = client.parse_response(client.connection, command, **options)
             except self.connection_errors:  # type: ignore[attr-defined]
                 client.connection.disconnect()  # the next fetch connects again
                 raise
+            except redis.exceptions.NoScriptError:  # it ran nothing: load it, fetch again
+                self._fetch_loaded = self._wait_next = False
+                raise Empty() from None
             self._wait_next = not self._waiting and not reply
             if self._waiting or not reply:
                 raise Empty()
@@ -170,7 +185,10 @@ class Channel(kombu_redis.Channel):
         try:
             client = self._create_client()
             fixed = [FETCHED, FETCHED_MESSAGES, FETCHED_FROM]
-            return bool(client.eval(_RECEIVED, len(fixed), *fixed, fetched))
+            try:
+                return bool(client.evalsha(_RECEIVED_SHA, len(fixed), *fixed, fetched))
+            except redis.exceptions.NoScriptError:  # it ran nothing: send its text
+                return bool(client.eval(_RECEIVED, len(fixed), *fixed, fetched))
         except self.connection_errors:  # type: ignore[attr-defined]
             return True
 

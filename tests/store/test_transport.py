@@ -13,6 +13,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
+from agent_jobs import transport
 from agent_jobs.transport import (
     _FETCH,
     FETCH_SEQ,
@@ -23,6 +24,7 @@ from agent_jobs.transport import (
     Channel,
     transport_for,
 )
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import TIMEOUT, eventually
 
 
@@ -164,3 +166,34 @@ def test_a_receipt_that_comes_after_the_message_was_put_back_drops_its_copy(
             channel._brpop_read()  # the reply, read late
         assert got == [] and client.llen(name) == 1  # dropped: the queue has it
         channel.close()
+
+
+@pytest.mark.services  # a redis-server of its own
+def test_a_server_that_does_not_know_the_scripts_is_taught_them_and_loses_nothing() -> None:
+    """The fetch and the receipt go by their scripts' SHA-1; a Redis that never saw them
+    (new, restarted, its scripts flushed) answers NOSCRIPT, which runs nothing: the
+    script is loaded and every message still arrives once."""
+    server = RedisServer().start()
+    try:
+        url = server.url(0)
+        client = redis.Redis.from_url(url)
+        name = f"noscript-probe-{uuid.uuid4().hex[:8]}"
+        queue = Queue(name, Exchange(name), name)
+        with Connection(url, transport=TRANSPORT) as conn:
+            for n in range(3):
+                _publish(conn, queue, n)
+            assert client.script_exists(transport._FETCH_SHA) == [False]
+            got = _drain(conn, queue, until=lambda got: len(got) == 3)
+            assert sorted(got) == [0, 1, 2]
+            assert client.script_exists(transport._FETCH_SHA, transport._RECEIVED_SHA) == [
+                True,
+                True,
+            ]
+            client.script_flush()  # this test's own server
+            _publish(conn, queue, 3)
+            got = _drain(conn, queue, until=lambda got: got == [3])
+            assert got == [3] and client.llen(name) == 0
+            assert client.zcard(transport.FETCHED) == 0  # each received, none left behind
+        client.close()
+    finally:
+        server.close()
