@@ -37,7 +37,7 @@ from ._http import (
     transport_error_kind,
     transport_message,
 )
-from .base import DeltaSink
+from .base import DeltaSink, args_writer
 from .pricing import PriceTable, priced_usage
 
 DEFAULT_MAX_TOKENS = 4096
@@ -124,7 +124,16 @@ class _PendingCall:
     id: str
     name: str
     initial: dict[str, Any]
+    order: int  # the call's position among the reply's calls (from 0)
     pieces: list[str] = field(default_factory=list)
+    length: int = 0  # characters of input JSON so far: the next piece's offset
+
+    def stream(self, sink: DeltaSink, piece: str) -> None:
+        """Pass an input piece on as it came, with where it goes in the call's text."""
+        write = args_writer(sink)
+        if write is not None and piece:
+            write(self.id, self.name, piece, index=self.order, offset=self.length)
+        self.length += len(piece)
 
 
 @dataclass
@@ -145,7 +154,8 @@ class _Assembly:
             block = event.content_block
             if block.type == "tool_use":
                 initial = block.input if isinstance(block.input, dict) else {}
-                self.calls[event.index] = _PendingCall(block.id, block.name, initial)
+                order = len(self.calls)
+                self.calls[event.index] = _PendingCall(block.id, block.name, initial, order)
             elif block.type == "text" and block.text:
                 self.text.append(block.text)
                 sink.text(block.text)
@@ -155,11 +165,22 @@ class _Assembly:
                 self.text.append(delta.text)
                 sink.text(delta.text)
             elif delta.type == "input_json_delta" and event.index in self.calls:
-                self.calls[event.index].pieces.append(delta.partial_json)
+                pending = self.calls[event.index]
+                pending.pieces.append(delta.partial_json)
+                pending.stream(sink, delta.partial_json)
+        elif event.type == "content_block_stop":
+            self._stop(event.index, sink)
         elif event.type == "message_delta":
             self._count(event.usage)
         elif event.type == "message_stop":
             self.finished = True
+
+    def _stop(self, index: int, sink: DeltaSink) -> None:
+        pending = self.calls.get(index)
+        if pending is not None and not pending.pieces and pending.initial:
+            # A proxy may send the whole input with the block's start: those are the
+            # arguments, written at once.
+            pending.stream(sink, json.dumps(pending.initial))
 
     def _count(self, usage: Any) -> None:
         # message_start and message_delta both carry cumulative counts; later ones win.

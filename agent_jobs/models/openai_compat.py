@@ -25,7 +25,7 @@ from ._http import (
     transport_error_kind,
     transport_message,
 )
-from .base import DeltaSink
+from .base import DeltaSink, args_writer
 from .pricing import PriceTable, priced_usage
 
 # Local servers (vLLM, Ollama) take any key, but the SDK refuses to start without one.
@@ -87,6 +87,7 @@ class _PendingCall:
     id: str = ""
     name: str = ""
     arguments: list[str] = field(default_factory=list)
+    length: int = 0  # characters of arguments so far: the next piece's offset
 
 
 def _int(value: Any) -> int:
@@ -152,6 +153,17 @@ class _Assembly:
                 arguments = _text(function.get("arguments"))
                 if arguments:
                     call.arguments.append(arguments)
+                    self._stream_args(sink, position, call, arguments)
+
+    def _stream_args(self, sink: DeltaSink, position: int, call: _PendingCall, piece: str) -> None:
+        """Pass an arguments piece on as it came, with where it goes in the call's text."""
+        write = args_writer(sink)
+        if write is not None:
+            # `index` in the reply: the calls' positions, as the server numbered them
+            # (they go to the loop sorted by it, so this is also the call's place there).
+            order = sorted(self.calls).index(position)
+            write(call.id, call.name, piece, index=order, offset=call.length)
+        call.length += len(piece)
 
     def tool_calls(self) -> list[ToolCall]:
         calls = []

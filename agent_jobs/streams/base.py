@@ -17,6 +17,7 @@ from typing import Any, Protocol
 Frame = dict[str, Any]
 FRAME_TYPES: tuple[str, ...] = (
     "text_delta",
+    "tool_call_delta",
     "tool_call",
     "tool_result",
     "approval_request",
@@ -147,6 +148,20 @@ class RunStream:
     def text(self, delta: str) -> None:
         if delta:
             self.emit("text_delta", text=delta)
+
+    def tool_call_delta(
+        self, call_id: str, name: str, args_delta: str, *, index: int, offset: int
+    ) -> None:
+        """The next piece of a tool call's arguments, as the model writes it."""
+        if args_delta:
+            self.emit(
+                "tool_call_delta",
+                call_id=call_id,
+                name=name,
+                index=index,
+                offset=offset,
+                args_delta=args_delta,
+            )
 
     def end(self) -> None:
         """End the stream; only the top-level run ends it, never a delegated child."""

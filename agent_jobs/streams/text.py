@@ -10,6 +10,8 @@ and the text the failed attempt streamed before it is void: the new attempt stre
 its reply from the start. The rule a reader applies, per run:
 
 - a `text_delta` adds to the text of the step in flight;
+- a `tool_call_delta` (a piece of a tool call's arguments) is the step in flight too:
+  it changes nothing of the text;
 - any other frame of the run (a tool call, a status, …) closes that text: it stays;
 - a `retrying` marker drops the text of the step in flight, that is every
   `text_delta` of the run since the run's previous non-text frame. Between a model
@@ -69,8 +71,11 @@ class TextAssembler:
         if self.run_id is not None and run != self.run_id:
             return
         state = self._runs.setdefault(run, _RunText())
-        if frame.get("type") == "text_delta":
+        kind = frame.get("type")
+        if kind == "text_delta":
             self._text(state, frame)
+        elif kind == "tool_call_delta":
+            return  # written by the step in flight, like its text: that text stays open
         elif is_attempt_marker(frame):
             step = frame.get("step")
             attempt = frame.get("attempt")

@@ -223,17 +223,67 @@ class FakeProvider:
 API_KEY = "sk-test-5e5e5e5e5e5e5e5e5e5e5e5e"
 
 
-class RecordingSink:
-    """Keeps every delta and can call back on the first one."""
+@dataclass(frozen=True)
+class ArgsPiece:
+    """A piece of a tool call's arguments, as a sink was handed it."""
 
-    def __init__(self, on_first: Callable[[], None] | None = None) -> None:
+    call_id: str
+    name: str
+    args_delta: str
+    index: int
+    offset: int
+
+
+class RecordingSink:
+    """Keeps every delta (text and tool-call arguments, each in order and both in
+    `events`) and can call back on the first text delta or the first arguments piece."""
+
+    def __init__(
+        self,
+        on_first: Callable[[], None] | None = None,
+        *,
+        on_first_args: Callable[[], None] | None = None,
+    ) -> None:
         self.deltas: list[str] = []
+        self.args: list[ArgsPiece] = []
+        self.events: list[str | ArgsPiece] = []
         self.on_first = on_first
+        self.on_first_args = on_first_args
 
     def text(self, delta: str) -> None:
         self.deltas.append(delta)
+        self.events.append(delta)
         if len(self.deltas) == 1 and self.on_first is not None:
             self.on_first()
+
+    def tool_call_delta(
+        self, call_id: str, name: str, args_delta: str, *, index: int, offset: int
+    ) -> None:
+        piece = ArgsPiece(call_id, name, args_delta, index, offset)
+        self.args.append(piece)
+        self.events.append(piece)
+        if len(self.args) == 1 and self.on_first_args is not None:
+            self.on_first_args()
+
+    def written(self) -> dict[str, str]:
+        """Each call's arguments text as its pieces add up, checking that each piece
+        starts where the one before it ended."""
+        texts: dict[str, str] = {}
+        for piece in self.args:
+            so_far = texts.get(piece.call_id, "")
+            assert piece.offset == len(so_far), (piece, so_far)
+            texts[piece.call_id] = so_far + piece.args_delta
+        return texts
+
+
+class TextOnlySink:
+    """A sink written before tool-call arguments streamed: text only."""
+
+    def __init__(self) -> None:
+        self.deltas: list[str] = []
+
+    def text(self, delta: str) -> None:
+        self.deltas.append(delta)
 
 
 def make_request(

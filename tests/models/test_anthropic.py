@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from fakeprovider import (
     API_KEY,
+    ArgsPiece,
     FakeProvider,
     Gate,
     RecordingSink,
     Reply,
+    TextOnlySink,
     anthropic_stream,
     json_error,
     make_request,
@@ -178,6 +180,83 @@ def test_tool_uses_assemble_from_split_json(fake: FakeProvider, model: Any) -> N
             "input_schema": {"type": "object", "properties": {}},
         },
         {"name": "x", "input_schema": {"type": "object", "properties": {}}},
+    ]
+
+
+def test_tool_use_input_streams_to_the_sink_as_it_arrives(fake: FakeProvider, model: Any) -> None:
+    events = [
+        start(),
+        *text_block(0, "Refunding."),
+        tool_start(1, "toolu_a", "refund"),
+        json_piece(1, ""),
+        json_piece(1, '{"order'),
+        json_piece(1, '_id": "42", "amount": 5.0, "note": "caf\u00e9 \u2603"}'),
+        {"type": "content_block_stop", "index": 1},
+        tool_start(2, "toolu_b", "lookup_order"),
+        json_piece(2, '{"order_id": "7"}'),
+        {"type": "content_block_stop", "index": 2},
+        tool_start(3, "toolu_c", "list_orders"),  # no input at all: nothing streams
+        {"type": "content_block_stop", "index": 3},
+        *finish(reason="tool_use"),
+    ]
+    gate = Gate()
+    chunks = anthropic_stream(events)
+    chunks.insert(7, gate)  # after the first piece of input: the rest waits for the sink
+    fake.add(Reply(chunks=chunks))
+    sink = RecordingSink(on_first_args=gate.opened.set)
+
+    response = model.run_turn(make_request(), sink)
+
+    assert fake.gate_timeouts == 0, "the input reached the sink only after the stream"
+    assert sink.args == [
+        ArgsPiece("toolu_a", "refund", '{"order', 0, 0),
+        ArgsPiece("toolu_a", "refund", '_id": "42", "amount": 5.0, "note": "café ☃"}', 0, 7),
+        ArgsPiece("toolu_b", "lookup_order", '{"order_id": "7"}', 1, 0),
+    ]
+    assert sink.events[0] == "Refunding."
+    written = sink.written()
+    assert {call.id: call.args for call in response.tool_calls} == {
+        **{call_id: json.loads(text) for call_id, text in written.items()},
+        "toolu_c": {},
+    }
+
+
+def test_input_sent_whole_with_the_block_start_streams_as_one_piece(
+    fake: FakeProvider, model: Any
+) -> None:
+    block = {"type": "tool_use", "id": "toolu_a", "name": "refund", "input": {"order_id": "42"}}
+    events = [
+        start(),
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        {"type": "content_block_stop", "index": 0},
+        *finish(reason="tool_use"),
+    ]
+    fake.add(Reply(chunks=anthropic_stream(events)))
+    sink = RecordingSink()
+
+    response = model.run_turn(make_request(), sink)
+
+    assert sink.args == [ArgsPiece("toolu_a", "refund", '{"order_id": "42"}', 0, 0)]
+    assert response.tool_calls == [ToolCall(id="toolu_a", name="refund", args={"order_id": "42"})]
+
+
+def test_a_sink_that_takes_only_text_still_gets_the_reply(fake: FakeProvider, model: Any) -> None:
+    events = [
+        start(),
+        *text_block(0, "One moment."),
+        tool_start(1, "toolu_a", "lookup_order"),
+        json_piece(1, '{"order_id": "42"}'),
+        {"type": "content_block_stop", "index": 1},
+        *finish(reason="tool_use"),
+    ]
+    fake.add(Reply(chunks=anthropic_stream(events)))
+    sink = TextOnlySink()
+
+    response = model.run_turn(make_request(), sink)
+
+    assert sink.deltas == ["One moment."]
+    assert response.tool_calls == [
+        ToolCall(id="toolu_a", name="lookup_order", args={"order_id": "42"})
     ]
 
 

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from fakeprovider import (
     API_KEY,
+    ArgsPiece,
     FakeProvider,
     Gate,
     RecordingSink,
     Reply,
+    TextOnlySink,
     json_error,
     make_request,
     openai_stream,
@@ -164,6 +166,74 @@ def test_tool_calls_assemble_from_split_and_interleaved_chunks(
                 "parameters": {"type": "object", "properties": {}},
             },
         },
+    ]
+
+
+def _call(index: int, *, id: str | None = None, name: str | None = None, args: str = "") -> Any:
+    function: dict[str, Any] = {"arguments": args}
+    if name:
+        function["name"] = name
+    piece: dict[str, Any] = {"index": index, "function": function}
+    if id:
+        piece.update(id=id, type="function")
+    return piece
+
+
+def test_tool_call_arguments_stream_to_the_sink_as_they_arrive(
+    fake: FakeProvider, model: Any
+) -> None:
+    chunks = [
+        chunk(content="Checking both."),
+        chunk(calls=[_call(0, id="call_a", name="lookup_order")]),
+        chunk(calls=[_call(0, args='{"order')]),
+        chunk(calls=[_call(1, id="call_b", name="refund", args='{"order_id"')]),
+        chunk(calls=[_call(0, args='_id": "4')]),
+        chunk(calls=[_call(1, args=': "42", "amount": 5.0, "note": "caf\u00e9 \u2603"}')]),
+        chunk(calls=[_call(0, args='2"}')]),
+        chunk(finish="tool_calls"),
+        usage_chunk(30, 20),
+    ]
+    gate = Gate()
+    pieces = openai_stream(chunks)
+    pieces.insert(3, gate)  # the rest waits until the sink has seen the first arguments
+    fake.add(Reply(chunks=pieces))
+    sink = RecordingSink(on_first_args=gate.opened.set)
+
+    response = model.run_turn(make_request(), sink)
+
+    assert fake.gate_timeouts == 0, "the arguments reached the sink only after the stream"
+    # Every piece as it came, in order, each saying where it goes in its call's text.
+    assert sink.args == [
+        ArgsPiece("call_a", "lookup_order", '{"order', 0, 0),
+        ArgsPiece("call_b", "refund", '{"order_id"', 1, 0),
+        ArgsPiece("call_a", "lookup_order", '_id": "4', 0, 7),
+        ArgsPiece("call_b", "refund", ': "42", "amount": 5.0, "note": "café ☃"}', 1, 11),
+        ArgsPiece("call_a", "lookup_order", '2"}', 0, 15),
+    ]
+    assert sink.events[0] == "Checking both."  # the text came first, as it was sent
+    # Put together, the pieces are the arguments the reply carries.
+    written = sink.written()
+    assert {call.id: call.args for call in response.tool_calls} == {
+        call_id: json.loads(text) for call_id, text in written.items()
+    }
+    assert response.tool_calls[1].args["note"] == "café ☃"
+
+
+def test_a_sink_that_takes_only_text_still_gets_the_reply(fake: FakeProvider, model: Any) -> None:
+    chunks = [
+        chunk(content="One moment."),
+        chunk(calls=[_call(0, id="call_a", name="lookup_order", args='{"order_id": "42"}')]),
+        chunk(finish="tool_calls"),
+        usage_chunk(30, 20),
+    ]
+    fake.add(Reply(chunks=openai_stream(chunks)))
+    sink = TextOnlySink()
+
+    response = model.run_turn(make_request(), sink)
+
+    assert sink.deltas == ["One moment."]
+    assert response.tool_calls == [
+        ToolCall(id="call_a", name="lookup_order", args={"order_id": "42"})
     ]
 
 

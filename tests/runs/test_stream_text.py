@@ -120,3 +120,22 @@ def test_frames_that_are_not_text_or_malformed_are_ignored() -> None:
     assert assemble_text(frames) == "ok"
     assert is_attempt_marker(marker("model:1", 2))
     assert not is_attempt_marker(frame("status", status="running"))
+
+
+def test_tool_call_arguments_streaming_leave_the_step_in_flight_open() -> None:
+    # An untagged attempt that streamed text, then a call's arguments, then died: its
+    # text is void all the same, the arguments pieces being part of the same step.
+    frames = [
+        delta("Checking. "),  # model:1, finished
+        frame("tool_call", call_id="c1"),
+        frame("tool_result", call_id="c1"),
+        delta("Refunding "),  # model:2, attempt 1
+        frame("tool_call_delta", call_id="c2", name="refund", args_delta='{"order', offset=0),
+        delta("now. "),
+        frame("tool_call_delta", call_id="c2", name="refund", args_delta='_id"', offset=7),
+        marker("model:2", 2),
+        delta("Refunding it."),
+        frame("tool_call_delta", call_id="c2", name="refund", args_delta="{}", offset=0),
+        frame("tool_call", call_id="c2"),
+    ]
+    assert assemble_text(frames) == "Checking. Refunding it."
