@@ -383,8 +383,34 @@ def test_a_durable_run_with_a_read_fan_out_and_an_approval(
     assert results[2] < at[TEXTS[2][0]] < at[TEXTS[2][1]] < kinds.index("done")
     assert frames[-1]["type"] == "done" and frames[-1]["output"] == run.output
     assert assemble_text(frames) == "".join(deltas)
+    # The calls' arguments streamed as the model wrote them, once each (the run was
+    # replayed after its approval: a replay streams nothing again).
+    assert_arguments_streamed(frames, {a: "model:1", b: "model:1", c: "model:2"})
 
     assert_no_key(e2e, run_id, adapter)
+
+
+def assert_arguments_streamed(frames: list[dict[str, Any]], calls: dict[str, str]) -> None:
+    """Each call's `tool_call_delta` frames: tagged with the model step that wrote them,
+    chained by offset, once each, all before the call's `tool_call` frame, adding up to
+    its arguments."""
+    for call_id, step in calls.items():
+        pieces = [
+            (i, f)
+            for i, f in enumerate(frames)
+            if f["type"] == "tool_call_delta" and f["call_id"] == call_id
+        ]
+        call_at = [i for i, f in enumerate(frames) if f["type"] == "tool_call"]
+        call_at = [i for i in call_at if frames[i]["call_id"] == call_id]
+        assert len(pieces) >= 2 and len(call_at) == 1, (call_id, pieces, call_at)
+        assert all(i < call_at[0] for i, _ in pieces)
+        assert {(f["step"], f["attempt"]) for _, f in pieces} == {(step, 1)}
+        assert {f["name"] for _, f in pieces} == {frames[call_at[0]]["tool"]}
+        written = ""
+        for _, f in pieces:
+            assert f["offset"] == len(written)
+            written += f["args_delta"]
+        assert json.loads(written) == frames[call_at[0]]["args"]
 
 
 @pytest.mark.parametrize("adapter", ["openai", "anthropic"])
@@ -504,3 +530,48 @@ def test_a_model_step_killed_mid_stream_runs_again_behind_the_attempt_marker(
     cluster.worker(concurrency=1, **FAST_RECOVERY)
     cluster.beat(**FAST_RECOVERY)
     assert_retried_behind_the_marker(cluster, run_id, adapter)
+
+
+# --- a replay by a fresh worker streams nothing again --------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ["openai", "anthropic"])
+def test_a_worker_killed_after_the_model_step_leaves_its_arguments_streamed_once(
+    crash_cluster: Deployment, adapter: str
+) -> None:
+    cluster = crash_cluster
+    _, _, c = call_ids(adapter)
+    cluster.fake.add(
+        reply(adapter, ["Refunding. "], [(c, "refund", REFUND_ARGS)], (80, 20)),
+        reply(adapter, ["Refunded ", "order 42."], [], (90, 8)),
+    )
+    first = cluster.worker(concurrency=1, **FAST_RECOVERY)
+    run_id = cluster.client.enqueue_run(adapter, "Refund order 42", actor="user-7")
+    cluster.until(
+        "the approval request streamed",
+        lambda: any(f["type"] == "approval_request" for f in cluster.frames(run_id)),
+    )
+    before = cluster.frames(run_id)
+    # model:1 is journaled and the run parked: the worker that ran it dies, with
+    # whatever it kept of the run's replay.
+    first.kill()
+    cluster.worker(concurrency=1, **FAST_RECOVERY)
+    request = next(f for f in before if f["type"] == "approval_request")
+    assert cluster.client.decide(
+        run_id, c, "approve", actor="alice", args_sha256=request["args_sha256"]
+    )
+    run = cluster.wait(run_id)
+
+    assert run.status == "completed", (run.error, cluster.logs()[-6000:])
+    assert run.output == "Refunded order 42."
+    assert len(cluster.fake.requests) == 2  # model:1 ran once, model:2 once
+    journal = {j["step"]: j for j in cluster.store.journal(run_id)}
+    assert journal["model:1"]["attempts"] == 1
+    frames = cluster.frames(run_id)
+    # The new worker replayed model:1 from the journal and streamed none of it again.
+    assert frames[: len(before)] == before
+    assert not any(is_attempt_marker(f) for f in frames)
+    later = frames[len(before) :]
+    assert [f for f in later if f.get("step") == "model:1"] == []
+    assert [f["type"] for f in later if f["type"] == "tool_call_delta"] == []
+    assert_arguments_streamed(frames, {c: "model:1"})
