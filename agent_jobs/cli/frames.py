@@ -14,6 +14,11 @@ attempt starts (a `retrying` marker), what its failed attempt streamed is void:
 - elsewhere (a pipe, a file) nothing printed can be taken back: a line says the step
   is retried and that what it streamed above is void, and only the text that stands
   follows it.
+
+A tool call's arguments, as the model writes them (`tool_call_delta` frames), grow on a
+line of their own, `… refund {"order_id": "42", …`, printed as they came; the call's
+`→` line follows once the model's reply is in. They are not the run's text: a marker
+takes none of them back.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from .text import json_text, visible
 
 CSI = "\x1b["  # the only escape sequences printed are these, the CLI's own
 TAB = 8
+# The parts that show arguments being written go under this key, which is no run's: the
+# redraw of a run's text leaves them as they are.
+DRAFTS = "\x00arguments"
 
 
 def follow(
@@ -127,6 +135,8 @@ class Screen:
         # On a terminal: what was printed since the last interruption.
         self._parts: list[_Part] = []
         self._layout = _Layout(keep=self.terminal)
+        # The call whose arguments the last line printed is growing with, if any.
+        self._drafting: tuple[str, str, object] | None = None
 
     def show(self, frame: Frame) -> None:
         """Take the next frame of the stream."""
@@ -137,6 +147,12 @@ class Screen:
         dropped = texts.dropped
         texts.feed(frame)
         kind = frame.get("type")
+        if kind == "tool_call_delta":
+            self._draft(run, frame)
+            return
+        if self._drafting is not None:
+            self._drafting = None
+            self._add(_Part(DRAFTS))  # what follows starts a line of its own
         if kind == "text_delta":
             text = frame.get("text")
             if texts.dropped == dropped and isinstance(text, str):
@@ -148,6 +164,19 @@ class Screen:
         self._catch_up(run, marker)
         if marker is None and kind not in ("approval_request", "question"):
             self._add(_Part(line=_line(frame)))
+
+    def _draft(self, run: str, frame: Frame) -> None:
+        """Print the next piece of a call's arguments, after the ones before it."""
+        piece = frame.get("args_delta")
+        if not isinstance(piece, str) or not piece:
+            return
+        call = (run, str(frame.get("call_id", "")), frame.get("attempt"))
+        if self._drafting != call:
+            self._drafting = call
+            if not self._layout.at_line_start:
+                self._add(_Part(DRAFTS, "\n"))
+            self._add(_Part(DRAFTS, f"… {frame.get('name', '')} "))
+        self._add(_Part(DRAFTS, piece))
 
     def interrupt(self) -> None:
         """Something else is about to write to the terminal: end the line, and keep

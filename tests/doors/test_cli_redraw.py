@@ -425,3 +425,72 @@ def test_run_json_prints_the_finished_run_alone(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["output"] == "Order 42 has shipped."
+
+
+# --- a tool call's arguments as the model writes them -----------------------------------
+
+
+def args(call_id: str, name: str, piece: str, offset: int, **tags: Any) -> dict[str, Any]:
+    return frame(
+        "tool_call_delta", call_id=call_id, name=name, args_delta=piece, offset=offset, **tags
+    )
+
+
+WRITING = [
+    delta("Refunding "),
+    delta("it."),
+    args("c1", "refund", '{"order_id": "4', 0),
+    args("c1", "refund", '2", "amount": 5}', 15),
+    args("c2", "lookup", '{"id": 7}', 0),
+    frame(
+        "tool_call", call_id="c1", tool="refund", args={"order_id": "42", "amount": 5}, status="?"
+    ),
+    frame("tool_call", call_id="c2", tool="lookup", args={"id": 7}, status="ok"),
+    frame("done", output="Refunding it."),
+]
+WRITING_SHOWN = (
+    "Refunding it.\n"
+    '… refund {"order_id": "42", "amount": 5}\n'
+    '… lookup {"id": 7}\n'
+    '→ refund({"order_id": "42", "amount": 5}) ?\n'
+    '→ lookup({"id": 7}) ok\n'
+    "✓ done r1\n"
+)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_arguments_grow_on_a_line_of_their_own_before_the_call(
+    capsys: pytest.CaptureFixture[str], terminal: bool
+) -> None:
+    printed = render(WRITING, capsys, terminal=terminal)
+    assert printed == WRITING_SHOWN
+    if terminal:
+        assert on_screen(printed) == WRITING_SHOWN.rstrip("\n")
+
+
+def test_arguments_are_printed_literally(capsys: pytest.CaptureFixture[str]) -> None:
+    hostile = '{"note": "[bold red]x[/] \x1b[2J\u202e"}'
+    printed = render([args("c1", "[b]refund[/b]", hostile, 0), delta("ok")], capsys, terminal=False)
+    assert printed == ('… [b]refund[/b] {"note": "[bold red]x[/] \\x1b[2J\\u202e"}\nok')
+
+
+def test_a_retried_steps_text_is_taken_back_but_not_the_arguments_it_wrote(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    frames = [
+        delta("The order "),  # model:1, attempt 1: its worker dies mid-arguments
+        args("c1", "refund", '{"order', 0),
+        marker("model:1", 2),
+        delta("Order 42. "),
+        args("c1", "refund", '{"order_id": "42"}', 0),
+        frame("tool_call", call_id="c1", tool="refund", args={"order_id": "42"}, status="ok"),
+    ]
+    printed = render(frames, capsys, terminal=False)
+    assert printed == (
+        "The order \n"
+        '… refund {"order\n'
+        + retried("model:1", 2, void=True)
+        + "\nOrder 42. \n"
+        + '… refund {"order_id": "42"}\n'
+        + '→ refund({"order_id": "42"}) ok\n'
+    )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from agent_jobs.store import Store
 from agent_jobs.streams.base import stream_key
 from agent_jobs.streams.text import assemble_text, is_attempt_marker
 from tests.support.services import truncate_all
-from tests.support.waiting import eventually
+from tests.support.waiting import TIMEOUT, eventually
 from tests.support.workers import ROOT, Process, service_env, start_beat, worker
 
 HERE = Path(__file__).resolve().parent
@@ -411,6 +413,37 @@ def assert_arguments_streamed(frames: list[dict[str, Any]], calls: dict[str, str
             assert f["offset"] == len(written)
             written += f["args_delta"]
         assert json.loads(written) == frames[call_at[0]]["args"]
+
+
+@pytest.mark.parametrize("adapter", ["openai", "anthropic"])
+def test_tail_shows_the_arguments_being_written_then_the_call(
+    e2e: Deployment, adapter: str
+) -> None:
+    a, _, _ = call_ids(adapter)
+    args = {"order_id": "7"}
+    e2e.fake.add(
+        reply(adapter, ["Looking. "], [(a, "lookup_order", args)], (60, 9)),
+        reply(adapter, ["Order 7 ", "is delivered."], [], (70, 5)),
+    )
+    run_id = e2e.client.enqueue_run(adapter, "Where is order 7?", actor="user-7")
+    run = e2e.wait(run_id)
+    assert run.status == "completed", (run.error, e2e.logs()[-6000:])
+    assert_arguments_streamed(e2e.frames(run_id), {a: "model:1"})
+
+    tail = subprocess.run(
+        [sys.executable, "-m", "agent_jobs.cli", "tail", run_id],
+        env=e2e.env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+    assert tail.returncode == 0, tail.stderr
+    lines = tail.stdout.splitlines()
+    # The pieces, printed as they came on a line of their own, then the call itself.
+    writing = lines.index(f"… lookup_order {json.dumps(args)}")
+    assert lines[writing - 1] == "Looking. "
+    assert lines[writing + 1] == '→ lookup_order({"order_id": "7"}) auto_executed'
 
 
 @pytest.mark.parametrize("adapter", ["openai", "anthropic"])
