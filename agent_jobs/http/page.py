@@ -121,6 +121,7 @@ CONSOLE = """  <section id="console" hidden>
         <div id="result"></div>
         <h3>Live text <span id="live-state" class="count"></span></h3>
         <pre id="live-text" class="text"></pre>
+        <div id="drafts" class="drafts" hidden></div>
         <h3>Timeline <span id="span" class="count"></span></h3>
         <ol id="timeline" class="timeline"></ol>
         <h3>Decisions</h3>

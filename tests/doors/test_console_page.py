@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.apps import executed, open_gate
-from tests.support.apps.console import HELD_WORDS
+from tests.support.apps.console import HELD_ARGS, HELD_WORDS
 from tests.support.apps.http import ANSWER
 from tests.support.browser import browser_page, screenshot
 from tests.support.doors import approval, signed
@@ -288,6 +288,30 @@ def test_a_running_runs_text_arrives_on_its_page(stack: Stack, page: Any) -> Non
     status_is(page, "completed")
     assert page.text_content("#live-text") == HELD_WORDS + "Order 42 was looked up."
     assert page.text_content("#result .output") == "Order 42 was looked up."
+    assert page.console_errors == []
+
+
+def test_a_calls_arguments_are_shown_as_written_then_as_called(stack: Stack, page: Any) -> None:
+    run_id = stack.start("user-7", agent="held_writer", text="refund order 42")
+    open_as(page, stack, "user-7", f"/runs/{run_id}")
+    draft = page.locator("#drafts .draft[data-call='call_w']")
+    draft.wait_for()
+    # The first piece is on the page while the second does not exist yet.
+    assert draft.locator(".draft-args").text_content() == HELD_ARGS[0]
+    assert draft.locator(".draft-name").text_content() == "refund"
+    assert draft.locator(".draft-state").text_content() == "writing…"
+    assert page.text_content("#live-text") == "Refunding. "
+    status_is(page, "running")
+    screenshot(page, "console-run-writing-arguments")
+    open_gate(run_id)
+    # The call as recorded replaces what was being written.
+    page.wait_for_selector("#drafts .draft.called[data-call='call_w']")
+    assert draft.locator(".draft-state").text_content() == "called · pending_approval"
+    shown = json.loads(draft.locator(".draft-args").text_content() or "")
+    assert shown == json.loads(HELD_ARGS[0] + HELD_ARGS[1])
+    assert page.locator("img").count() == 0  # the note's markup is text
+    status_is(page, "awaiting_approval")
+    assert page.locator("#drafts .draft").count() == 1
     assert page.console_errors == []
 
 

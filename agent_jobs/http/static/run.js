@@ -2,7 +2,8 @@
 // the calls that wait for a person, who decided what, its delegated runs, and the
 // controls the caller may use (GET /v1/runs/<id>/may).
 //
-// The run's frames (GET /v1/runs/<id>/stream) bring its text as it streams; any other
+// The run's frames (GET /v1/runs/<id>/stream) bring its text as it streams, and its tool
+// calls' arguments as the model writes them (drafts.js); any other
 // frame, and any change the list of its tree's runs (GET /v1/runs/stream?root_run_id=)
 // shows, reads the run and its steps again.
 
@@ -23,6 +24,7 @@ import {
   visible,
   when,
 } from "./app.js";
+import { Drafts } from "./drafts.js";
 import { timeline } from "./timeline.js";
 
 const FINISHED = ["completed", "failed", "cancelled"];
@@ -33,6 +35,7 @@ const page = {
   frames: null, // the run's frames being read
   tree: null, // its tree's runs being read
   text: null,
+  drafts: null, // the calls being written
   open: new Set(), // the steps whose details are shown
   waiting: new Map(), // call id -> its node, kept so a reason being typed survives
   refreshing: false,
@@ -62,6 +65,8 @@ class LiveText {
   feed(frame) {
     if (frame.run_id !== this.runId) return false;
     if (frame.type === "text_delta") return this.delta(frame);
+    // A call's arguments being written: the step in flight, whose text stays open.
+    if (frame.type === "tool_call_delta") return false;
     if (frame.type === "status" && frame.status === "retrying") {
       this.drop(this.open);
       this.open = [];
@@ -98,6 +103,7 @@ class LiveText {
 }
 
 function onFrame(frame) {
+  if (page.drafts.feed(frame)) return; // a piece of a call's arguments
   if (page.text.feed(frame)) {
     setText($("live-text"), page.text.value, "\n");
     $("live-text").hidden = false;
@@ -198,6 +204,7 @@ export function showRun(runId) {
   leaveRun();
   page.runId = runId;
   page.text = new LiveText(runId);
+  page.drafts = new Drafts(runId, $("drafts"));
   document.title = "Run " + visible(runId) + " · agent-jobs";
   setStatus("Reading the run…");
   start();
@@ -233,6 +240,7 @@ export function leaveRun() {
   page.open.clear();
   page.waiting.clear();
   $("waiting").replaceChildren();
+  if (page.drafts) page.drafts.clear();
 }
 
 // --- what the page shows --------------------------------------------------------------

@@ -12,13 +12,19 @@ actors and agents) with the agents the console's page tests need.
   until the test opens the run's gate: a worker killed inside it leaves the call's
   outcome unknown, for a person to reconcile.
 - `office` delegates to `desk`, which delegates to `chat`: a tree of three runs.
+- `held_writer` writes a `refund` call's arguments in two pieces and holds between them
+  until the test opens the run's gate: the page shows the call being written, then the
+  call as recorded (an action: the run waits for a lead).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
+from agent_jobs.messages import ModelRequest, ModelResponse, ToolCall, Usage
+from agent_jobs.models.base import DeltaSink, args_writer
 from agent_jobs.tools import ToolContext
 from tests.support.apps.base import CountingModel, HeldTextModel, record, wait_for_gate_of
 from tests.support.apps.http import app
@@ -27,6 +33,29 @@ from tests.support.apps.runtime import FlakyModel
 __all__ = ["app"]
 
 HELD_WORDS = "Reading the order history slowly, one entry at a time."
+# The two pieces of the arguments `held_writer` writes, the second held until the gate opens.
+HELD_ARGS = ('{"order_id": "42", "amount": 5, ', '"note": "<img src=x onerror=alert(1)>"}')
+
+
+class HeldArgsModel:
+    """Streams a refund's arguments as a provider does, holding between the pieces."""
+
+    name = "held-writer"
+
+    def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        usage = Usage(input_tokens=10, output_tokens=5)
+        if request.step > 0:
+            sink.text("Refunded.")
+            return ModelResponse(text="Refunded.", usage=usage, model=self.name)
+        write = args_writer(sink)
+        assert write is not None, "the run's stream takes arguments as they are written"
+        sink.text("Refunding. ")
+        first, rest = HELD_ARGS
+        write("call_w", "refund", first, index=0, offset=0)
+        wait_for_gate_of(request.run_id)
+        write("call_w", "refund", rest, index=0, offset=len(first))
+        call = ToolCall(id="call_w", name="refund", args=json.loads(first + rest))
+        return ModelResponse(text="Refunding. ", tool_calls=[call], usage=usage, model=self.name)
 
 
 @app.tool(kind="action", approvers=["lead"])
@@ -50,6 +79,7 @@ app.agent(
     ),
     tools=["lookup"],
 )
+app.agent("held_writer", model=HeldArgsModel(), tools=["refund"])
 app.agent("broken", model=FlakyModel([{"text": "never"}], kind="auth", fail_times=1000))
 app.agent(
     "payer",
