@@ -13,7 +13,7 @@ import time
 
 from .app import AgentApp
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, Usage
-from .models.base import DeltaSink, Model
+from .models.base import DeltaSink, Model, args_writer
 from .models.scripted import estimate_tokens
 
 ORDERS = {
@@ -63,6 +63,7 @@ class SupportDemoModel:
         for word in re.findall(r"\S+\s*", text):
             time.sleep(self.pace)
             sink.text(word)
+        self._write_calls(calls, sink)
         prompt = request.system + "".join(m.content for m in request.messages)
         return ModelResponse(
             text=text,
@@ -70,6 +71,17 @@ class SupportDemoModel:
             usage=Usage(input_tokens=estimate_tokens(prompt), output_tokens=estimate_tokens(text)),
             model=self.name,
         )
+
+    def _write_calls(self, calls: list[ToolCall], sink: DeltaSink) -> None:
+        """Stream each call's arguments a few characters at a time, as a provider does."""
+        write = args_writer(sink)
+        if write is None:
+            return
+        for index, call in enumerate(calls):
+            text = json.dumps(call.args)
+            for offset in range(0, len(text), 6):
+                time.sleep(self.pace)
+                write(call.id, call.name, text[offset : offset + 6], index=index, offset=offset)
 
     def _reply(
         self, order_id: str, results: dict[str | None, Message]

@@ -44,6 +44,10 @@ def test_run_with_no_configuration_streams_and_asks_for_approval(tmp_path: Path)
     assert "Let me check order 42 and its shipment." in done.stdout
     assert "→ lookup_order" in done.stdout and "→ track_shipment" in done.stdout
     assert "refund" in done.stdout and "needs approval" in done.stdout
+    # The refund's arguments as the demo's model writes them, then the call.
+    lines = done.stdout.splitlines()
+    writing = lines.index('… refund {"order_id": "42", "amount": 129.0}')
+    assert lines[writing + 1].startswith('→ refund({"order_id": "42", "amount": 129.0})')
     assert "approve? [y/N]" in done.stderr
     assert "so I refunded 129.00 (reference RF-42-001)" in done.stdout
     assert (tmp_path / "agent_jobs.db").exists()  # the embedded SQLite default
