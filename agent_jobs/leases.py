@@ -258,10 +258,12 @@ def holder_prefix(machine: str, pid: int) -> str:
     return f"{machine}{SEP}{pid}{SEP}"
 
 
-def beat_client(url: str, timeout: float) -> redis.Redis:
+def beat_client(url: str, timeout: float, max_connections: int = 8) -> redis.Redis:
     """A Redis client for a process's beats (runners/durable/liveness.py): every call fails in a
     third of `timeout` rather than hang through a cut, and is not retried (the next beat
-    is the retry); the operating system notices a dead peer in about that long too."""
+    is the retry); the operating system notices a dead peer in about that long too. Every
+    task of the process notes its run over it too (`Liveness.hold`): a threads or gevent
+    pool needs a connection for each task it runs at once."""
     seconds = max(0.1, timeout / 3)
     return redis.Redis.from_url(
         url,
@@ -270,7 +272,7 @@ def beat_client(url: str, timeout: float) -> redis.Redis:
         socket_keepalive=True,
         socket_keepalive_options=tcp_keepalive(seconds),
         retry=Retry(NoBackoff(), 0),
-        max_connections=8,
+        max_connections=max_connections,
     )
 
 

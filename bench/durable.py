@@ -1,19 +1,19 @@
 """Benchmark of the durable runner: W1, W2, W3 and the floor, measured in one go.
 
     .venv/bin/python -m bench.durable [--runs 200] [--no-eager] [--no-sticky]
-        [--w3 POOL:CONCURRENCY] [--peers]
+        [--w3 POOL:CONCURRENCY[xWORKERS][@RUNS]] [--peers]
 
 W1: `--runs` runs of an agent whose first two model turns each ask for two reads and
 whose third answers, on one worker with 2 processes: runs/s, p50/p95 per run, journal
 rows, commits, WAL bytes and broker messages per run. W2: one run with eight 0.5 s
 reads on 8 processes: wall time. The floor, measured in the same run: a Celery no-op
-round trip and a Postgres single-row commit. W3: 200 runs of W1's shape whose model
-calls take 1.0 s and reads 0.2 s (a run alone: 3.4 s), enqueued at once on one worker
-with the given pool: makespan against that ideal, and the worker's peak RSS. With
-`--peers` (the `bench` extra; for Restate, `npm ci --prefix bench/restate
---ignore-scripts`), the same W1 and W2 on LangGraph + PostgresSaver, DBOS, Restate and
-Temporal right after (`bench.peers`), W3 on Restate (200 runs, as ours, and 1,000) and
-on Temporal (200), and our figures as ratios to theirs.
+round trip and a Postgres single-row commit. W3: 200 runs (or `@RUNS`) of W1's shape
+whose model calls take 1.0 s and reads 0.2 s (a run alone: 3.4 s), enqueued at once on
+one worker (or `xWORKERS`) with the given pool: makespan against that ideal, and the
+workers' peak RSS. With `--peers` (the `bench` extra; for Restate, `npm ci --prefix
+bench/restate --ignore-scripts`), the same W1 and W2 on LangGraph + PostgresSaver, DBOS,
+Restate and Temporal right after (`bench.peers`), W3 on Restate (200 runs and 1,000) and
+on Temporal (200), and our figures as ratios to theirs where as many runs ran.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from agent_jobs.store import Store  # noqa: E402
 from agent_jobs.store.db import make_engine, upgrade  # noqa: E402
 from agent_jobs.store.schema import journal, runs  # noqa: E402
 from bench.apps import app  # noqa: E402
+from tests.support.hosts import Postgres as OwnPostgres  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.workers import Process, service_env, start_worker  # noqa: E402
 
@@ -64,6 +65,27 @@ def fresh_database(admin_url: str, name: str) -> str:
     upgrade(engine)
     engine.dispose()
     return url
+
+
+# The indexes the runs list added (migration 0008); (thread_id) alone was there before.
+LIST_INDEXES = (
+    "ix_runs_created",
+    "ix_runs_status_created",
+    "ix_runs_agent_created",
+    "ix_runs_actor_created",
+    "ix_runs_thread_created",
+    "ix_runs_root",
+    "ix_runs_search",
+    "ix_tool_calls_action",
+)
+
+
+def drop_list_indexes(url: str) -> None:
+    """The schema as it was before the runs list's indexes."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        for name in LIST_INDEXES:
+            conn.execute(f"DROP INDEX IF EXISTS {name}")
+        conn.execute("CREATE INDEX IF NOT EXISTS ix_runs_thread ON runs (thread_id)")
 
 
 def libpq(url: str) -> str:
@@ -199,16 +221,27 @@ def _named(prefix: str) -> list[int]:
     return pids
 
 
+# The postmaster of the benchmark's own cluster (`--own-postgres`), for every process of
+# the benchmark (the peers' too): only its processes are Postgres's CPU.
+POSTMASTER = "BENCH_POSTMASTER"
+
+
+def _postgres_pids() -> list[int]:
+    own = os.environ.get(POSTMASTER)
+    return _descendants(int(own)) if own else _named("postgres")
+
+
 def cpu_seconds(worker_pid: int, redis_pid: int | None) -> dict[str, float]:
-    """CPU time used so far by the worker (all its processes), every Postgres process on
-    this machine, and the Redis server (its own, when the benchmark started it).
+    """CPU time used so far by the worker (all its processes), Postgres (the benchmark's
+    own cluster, or else every Postgres process on this machine), and the Redis server
+    (its own, when the benchmark started it).
 
     Postgres's includes the backends that have ended (the postmaster's children it
     reaped): a session opened and closed within the window is not missed."""
     hz = os.sysconf("SC_CLK_TCK")
     return {
         "worker": sum(_ticks(p) for p in _descendants(worker_pid)) / hz,
-        "postgres": sum(_ticks(p, reaped=True) for p in _named("postgres")) / hz,
+        "postgres": sum(_ticks(p, reaped=True) for p in _postgres_pids()) / hz,
         "redis": (_ticks(redis_pid) if redis_pid else 0) / hz,
     }
 
@@ -269,12 +302,26 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
+        "--no-list-indexes",
+        action="store_true",
+        help="drop the runs list's indexes (the filters' and the search's) after the "
+        "migration: to weigh what they cost a run",
+    )
+    parser.add_argument(
+        "--own-postgres",
+        action="store_true",
+        help="a Postgres cluster of its own (initdb, a free port; needs PostgreSQL's server "
+        "binaries, and root runs them as `postgres`) in place of --pg: its WAL, write "
+        "transactions and CPU are the benchmark's alone on a machine that does other work",
+    )
+    parser.add_argument(
         "--w3",
         action="append",
         metavar="POOL:CONCURRENCY",
         help="W3 (200 runs of 1.0 s model calls and 0.2 s reads, ideal 3.4 s) on a worker "
         "with this pool, e.g. threads:50 or prefork:8, or on N such workers of this host: "
-        "threads:100x2; repeatable (default: threads:50)",
+        "threads:100x2, and another number of runs: threads:500x2@1000; repeatable "
+        "(default: threads:50)",
     )
     parser.add_argument(
         "--peers",
@@ -298,6 +345,11 @@ def main() -> None:
         "--no-sticky: every pass replays its run",
     )
     args = parser.parse_args()
+    if args.own_postgres:
+        own_pg = OwnPostgres(listen=["127.0.0.1"], trusted="127.0.0.1/32").start()
+        atexit.register(own_pg.stop)
+        args.pg = own_pg.url("127.0.0.1")
+        os.environ[POSTMASTER] = (own_pg.data / "postmaster.pid").read_text().split()[0]
     redis_pid: int | None = None
     if args.redis is None:
         own_redis = RedisServer().start()
@@ -306,6 +358,8 @@ def main() -> None:
         redis_pid = own_redis.proc.pid if own_redis.proc is not None else None
 
     url = fresh_database(args.pg, "agent_jobs_bench")
+    if args.no_list_indexes:
+        drop_list_indexes(url)
     broker = f"{args.redis}/9"
     broker_client = redis.Redis.from_url(broker)
     broker_client.flushdb()
@@ -400,8 +454,11 @@ def main() -> None:
 
     for spec in args.w3 or ["threads:50"]:
         pool, _, shape = spec.partition(":")
+        shape, _, count = shape.partition("@")
         concurrency, _, workers = shape.partition("x")
-        figures[f"w3_{pool}_{shape}"] = w3(client, env, pool, int(concurrency), int(workers or 1))
+        figures[f"w3_{pool}_{shape}" + (f"@{count}" if count else "")] = w3(
+            client, env, pool, int(concurrency), int(workers or 1), int(count or W3_RUNS)
+        )
     # A run alone crosses the broker this often (its start, and the steps it sends: 7
     # without the fast path, 2 with it): per hop, how many Celery no-op round trips?
     hops = max(1.0, figures["w1_broker_messages_per_run"])
@@ -432,11 +489,33 @@ def _rss_bytes(pids: list[int]) -> int:
     return total
 
 
+W3_RUNS = 200  # W3's runs at once unless a `--w3` spec says another number
+# Connections the benchmark's own processes keep to Postgres beside the workers'.
+POSTGRES_CONNECTIONS, OWN_CONNECTIONS, BURST = 100, 10, 10
+
+
+def db_pool_for(workers: int, concurrency: int, pool: str) -> int:
+    """A worker's `AGENT_JOBS_DB_POOL_SIZE`: as the worker sizes itself (a threads pool's
+    concurrency up to 20, plus 2; 5 a prefork process), less where `workers` of them with
+    their burst of 10 each would pass Postgres's default 100 connections."""
+    processes = workers * (concurrency if pool == "prefork" else 1)
+    own = min(concurrency, 20) + 2 if pool != "prefork" else 5
+    fits = (POSTGRES_CONNECTIONS - OWN_CONNECTIONS) // processes - BURST
+    return max(1, min(own, fits))
+
+
 def w3(
-    client: Client, env: dict[str, str], pool: str, concurrency: int, workers: int = 1
+    client: Client,
+    env: dict[str, str],
+    pool: str,
+    concurrency: int,
+    workers: int = 1,
+    count: int = W3_RUNS,
 ) -> dict[str, float]:
-    """W3 on `workers` workers of this host: makespan of 200 runs enqueued at once, and
-    the workers' peak RSS together."""
+    """W3 on `workers` workers of this host: makespan of `count` runs enqueued at once,
+    and the workers' peak RSS together. Each worker's database pool is sized so that
+    the workers together, at their burst, stay within Postgres's 100 connections."""
+    env = {**env, "AGENT_JOBS_DB_POOL_SIZE": str(db_pool_for(workers, concurrency, pool))}
     procs = [
         start_worker(env, concurrency=concurrency, name=f"w3-{pool}-{n}", pool=pool)
         for n in range(workers)
@@ -446,7 +525,7 @@ def w3(
         pids = [proc.proc.pid for proc in procs if proc.proc is not None]
         run_all(client, "w3", 2 * workers, 60)  # warm up
         started = time.perf_counter()
-        ids = [client.enqueue_run("w3", "go", actor="bench") for _ in range(200)]
+        ids = [client.enqueue_run("w3", "go", actor="bench") for _ in range(count)]
         engine = client.store.engine
         while True:
             peak = max(peak, sum(_rss_bytes(_descendants(pid)) for pid in pids))
@@ -459,7 +538,7 @@ def w3(
             if done == len(ids):
                 break
             if time.perf_counter() - started > 900:
-                raise SystemExit(f"W3 on {pool}:{concurrency}: {done} of 200 in 900 s")
+                raise SystemExit(f"W3 on {pool}:{concurrency}: {done} of {count} in 900 s")
             time.sleep(0.2)
         makespan = time.perf_counter() - started
         with engine.connect() as conn:
@@ -467,15 +546,22 @@ def w3(
                 select(func.count()).where(runs.c.id.in_(ids), runs.c.status != "completed")
             ).scalar_one()
         if failed:
-            raise SystemExit(f"W3 on {pool}:{concurrency}: {failed} of 200 runs did not complete")
+            raise SystemExit(
+                f"W3 on {pool}:{concurrency}: {failed} of {count} runs did not complete"
+            )
     finally:
         for proc in procs:
             proc.stop()
-    return {"makespan_s": makespan, "vs_ideal": makespan / 3.4, "rss_mib": peak / 2**20}
+    return {
+        "runs": count,
+        "makespan_s": makespan,
+        "vs_ideal": makespan / 3.4,
+        "rss_mib": peak / 2**20,
+    }
 
 
 PEERS = ("langgraph", "dbos", "restate", "temporal")
-# W3 on the peers that run it, by its number of runs: ours' 200, and 1,000 at LLM scale.
+# W3 on the peers that run it, by its number of runs: 200, and 1,000 at LLM scale.
 PEERS_W3 = {"restate": (200, 1000), "temporal": (200,)}
 
 
@@ -531,7 +617,9 @@ def report(f: dict[str, Any]) -> None:
     print(
         f"   Celery alone, acks late, prefetch 1, events on, 2 processes: "
         f"{f['floor_celery_tasks_per_s']:.0f} no-op tasks/s "
-        f"(a W1 run is 8 of them: at most {f['floor_celery_tasks_per_s'] / 8:.0f} runs/s)"
+        f"(a W1 run sends {f['w1_broker_messages_per_run']:.0f} of them: at most "
+        f"{f['floor_celery_tasks_per_s'] / max(1.0, f['w1_broker_messages_per_run']):.0f} "
+        "runs/s)"
     )
     print(
         f"W1 ({f['w1_runs']} runs, 2 worker processes): {f['w1_runs_per_s']:.1f} runs/s, "
@@ -561,7 +649,7 @@ def report(f: dict[str, Any]) -> None:
     for key, w3 in f.items():
         if key.startswith("w3_"):
             print(
-                f"W3 ({key[3:]}, 200 runs of 1.0 s model calls, 0.2 s reads): "
+                f"W3 ({key[3:]}, {w3['runs']} runs of 1.0 s model calls, 0.2 s reads): "
                 f"{w3['makespan_s']:.1f} s = {w3['vs_ideal']:.1f} x the 3.4 s ideal, "
                 f"worker RSS {w3['rss_mib']:.0f} MiB"
             )
@@ -611,10 +699,8 @@ def report_peer_w3(f: dict[str, Any], name: str, w3: dict[str, Any]) -> None:
         f"{name} W3 ({w3['runs']} runs at once): {w3['makespan_s']:.1f} s = "
         f"{w3['vs_ideal']:.1f} x the 3.4 s ideal, peak RSS MiB: {rss}"
     )
-    if w3["runs"] != 200:  # ours runs 200
-        return
     for key, ours in f.items():
-        if key.startswith("w3_"):
+        if key.startswith("w3_") and ours.get("runs", W3_RUNS) == w3["runs"]:
             print(
                 f"   agent-jobs ({key[3:]}) / {name}: W3 makespan "
                 f"{ours['makespan_s'] / w3['makespan_s']:.2f}"

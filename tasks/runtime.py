@@ -84,7 +84,10 @@ def runtime(celery: Celery) -> Runtime:
             # This process's beat: if it dies, another process sends its steps again.
             recover = partial(recover_process, runner.store, runner.leases, runner.dispatcher)
             # Beats over a client of their own, whose calls fail fast in a cut.
-            beats = Leases(beat_client(redis_url, settings.process_timeout))
+            # Every task notes its run there too: as many connections as the runtime's.
+            beats = Leases(
+                beat_client(redis_url, settings.process_timeout, max_connections=redis_pool_size())
+            )
             runner.liveness = Liveness(beats, recover, settings.process_timeout)
             runner.liveness.start()
             # Notifications this process (or another) wrote, to Redis and the webhook;
@@ -92,10 +95,11 @@ def runtime(celery: Celery) -> Runtime:
             startup.start(runner.store, settings, redis_client=redis_client)
             log.info(
                 "agent-jobs runner ready in process %d: up to %d database connections, "
-                "%d Redis connections",
+                "%d Redis connections (and %d for its beats and the runs its tasks hold)",
                 os.getpid(),
                 runner.store.engine.pool.size(),  # type: ignore[attr-defined]
                 redis_client.connection_pool.max_connections,
+                beats.client.connection_pool.max_connections,
             )
             _runtime, _pid = Runtime(settings, runner), os.getpid()
         return _runtime
