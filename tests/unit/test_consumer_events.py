@@ -45,7 +45,7 @@ def test_buffered_events_are_flushed_once_after_the_first() -> None:
 
 def test_a_flush_that_never_came_is_set_again(monkeypatch: Any) -> None:
     hub = Hub()
-    consumer, dispatcher = _consumer(hub)
+    consumer, _ = _consumer(hub)
     clock = [100.0]
     monkeypatch.setattr(consumer_module.time, "monotonic", lambda: clock[0])
     consumer.on_send_event_buffered()
