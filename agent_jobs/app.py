@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from .admission import Concurrency, KeyFunction, concurrency
-from .errors import ConfigurationError, UnknownAgentError
+from .errors import ConfigurationError, ScheduleError, UnknownAgentError
 from .history import SlidingWindowHistory
 from .messages import ModelSettings, ToolSpec
 from .models.base import Model
 from .prestep import PreStepListener
 from .request_errors import RequestErrorMiddleware
+from .schedules.spec import Schedule
 from .tools import OnTimeout, Reconciler, Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,6 +92,7 @@ class AgentApp:
         self.personas: dict[str, Persona] = {}
         self.pre_step_listeners: list[PreStepListener] = []
         self.request_error_chain: list[RequestErrorMiddleware] = []
+        self.schedules: dict[str, Schedule] = {}
         self._quota = quota
 
     # --- definitions -----------------------------------------------------------------
@@ -212,6 +214,39 @@ class AgentApp:
         )
         self.agents[name] = spec
         return spec
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        agent: str,
+        cron: str,
+        timezone: str = "UTC",
+        input: str,
+        actor: str = "scheduler",
+        metadata: dict[str, Any] | None = None,
+        catch_up: str = "latest",
+    ) -> Schedule:
+        """Start a run of `agent` at each occurrence of `cron` in `timezone`
+        (docs/schedules.md). Its run ids are `sched:<name>:<occurrence in UTC>`; missed
+        occurrences start as `catch_up` says: "latest" (the newest only), "all", "none".
+        A bad definition is a `ScheduleError`, and defines nothing."""
+        if name in self.schedules:
+            raise ScheduleError(f"a schedule named {name!r} is already defined")
+        if agent not in self.agents:
+            raise ScheduleError(f"schedule {name!r}: unknown agent {agent!r}; define it first")
+        found = Schedule.define(
+            name,
+            agent=agent,
+            cron=cron,
+            timezone=timezone,
+            input=input,
+            actor=actor,
+            metadata=metadata,
+            catch_up=catch_up,
+        )
+        self.schedules[name] = found
+        return found
 
     def persona(self, name: str, prompt: str, *, tools: Iterable[str] | None = None) -> Persona:
         """Define a persona; `persona=name` in a run request selects it."""

@@ -30,6 +30,23 @@ class UnknownAgentError(AgentJobsError):
         super().__init__(f"unknown agent {name!r}; this app defines: {listed}")
 
 
+class ScheduleError(ConfigurationError):
+    """A schedule's definition is wrong (its name, cron expression, time zone or
+    catch-up); nothing was defined."""
+
+
+class UnknownScheduleError(AgentJobsError):
+    """No schedule of the app has this name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        listed = ", ".join(sorted(known)) or "none"
+        super().__init__(
+            f"unknown schedule {name!r}; this app defines: {listed} (`agent-jobs schedules list`)"
+        )
+
+
 # --- runs and the store --------------------------------------------------------------
 
 

@@ -132,10 +132,26 @@ def admit(
     with store.begin() as conn:
         if request.if_busy == "interrupt":
             interrupted = admission.interrupt(conn, request, run_id)
-        created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
-        if created and runner == "inline":  # this process drives it, from its first moment
-            run_rows.set_driver(conn, [run_id], this_process())
+        created = admit_in(conn, app, request, run_id=run_id, runner=runner, status=status)
     return Admitted(run_id, created, tuple(interrupted))
+
+
+def admit_in(
+    conn: Connection,
+    app: AgentApp,
+    request: RunRequest,
+    *,
+    run_id: str,
+    runner: str,
+    status: run_rows.RunStatus,
+) -> bool:
+    """Write the run row of a checked request in the caller's transaction; False when
+    the run exists already (a schedule's tick writes its runs with its own row)."""
+    check_request(app, request)
+    created = create_run(conn, request, run_id=run_id, runner=runner, status=status, app=app)
+    if created and runner == "inline":  # this process drives it, from its first moment
+        run_rows.set_driver(conn, [run_id], this_process())
+    return created
 
 
 def admit_run(

@@ -19,6 +19,7 @@ from .errors import ConfigurationError
 from .http.door import INLINE_ENTRY_ID, Door, durable_door
 from .loading import load_app
 from .runners import InlineRunner
+from .schedules.ticker import start_ticker
 from .settings import Settings, get_settings
 from .store import Store
 
@@ -45,6 +46,8 @@ def build_door(settings: Settings) -> Door:
     runner = InlineRunner(
         app, store, settings=settings, runs_per_actor=settings.api_inline_runs_per_actor
     )
+    # Its schedules start their runs here, as beat's tick does with a broker.
+    start_ticker(store, app, runner.wake, settings)
     return Door("inline", runner.commands, runner.streams, INLINE_ENTRY_ID)
 
 

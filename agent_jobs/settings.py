@@ -112,6 +112,11 @@ class Settings(SettingsBase):
     process_timeout: float = Field(default=3.0, gt=0)
     sweep_interval: float = 30.0  # how often beat runs the sweep
     sweep_stale_after: float = 60.0  # a run with no progress for this long is re-driven
+    # Schedules (docs/schedules.md): how often beat (or the embedded default's ticker)
+    # looks for due occurrences, and how late one may start and still be on time (for
+    # `catch_up="none"`: later, it was missed and is skipped).
+    schedule_interval: float = Field(default=1.0, gt=0)
+    schedule_grace: float = Field(default=60.0, ge=0)
     # Retention (agent_jobs/retention.py): with `prune_after_days` set, beat prunes every
     # `prune_interval` seconds the runs that ended that many days ago (their journals,
     # events, streams, delivered notifications), `prune_batch` runs a transaction, resting

@@ -7,6 +7,7 @@ from kombu import Exchange, Queue
 
 from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.retention import PRUNE
+from agent_jobs.schedules.tick import TASK as SCHEDULES
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.transport import transport_for, transport_options
 
@@ -71,6 +72,14 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_consumer="tasks.consumer:Consumer",
         beat_schedule={
             "agent-jobs-sweep": {"task": SWEEP, "schedule": settings.sweep_interval},
+            # The schedules' tick (agent_jobs/schedules/tick.py): exactly once per
+            # occurrence is kept by Postgres, so two beats may run. A tick nobody took
+            # in time is dropped: the next one does its work.
+            "agent-jobs-schedules": {
+                "task": SCHEDULES,
+                "schedule": settings.schedule_interval,
+                "options": {"expires": max(10.0, settings.schedule_interval * 5)},
+            },
         },
     )
     if settings.prune_after_days is not None:  # retention is off unless asked for

@@ -21,6 +21,7 @@ from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, 
 from agent_jobs.errors import AgentJobsError, Deferred, RetryLater
 from agent_jobs.runners.durable import StepOutcome, summary, where
 from agent_jobs.runs import RunRequest
+from agent_jobs.schedules import tick as schedule_tick
 from agent_jobs.streams.redis_streams import RedisStreams
 
 from .base import AgentJobsTask
@@ -151,5 +152,30 @@ def prune(self: Task[Any, str]) -> str:
         took = time.monotonic() - started
         runner.eager_events.task_ran(
             retention.PRUNE, str(self.request.id), result, received=received, runtime=took
+        )
+    return result
+
+
+# Beat runs the schedules' tick every AGENT_JOBS_SCHEDULE_INTERVAL seconds; it shows in
+# Flower only when it started runs.
+@shared_task(base=AgentJobsTask, name=schedule_tick.TASK, bind=True, send_events=False)
+def schedules(self: Task[Any, str]) -> str:
+    """Start the runs of the schedules' due occurrences (Celery beat runs this)."""
+    received, started = time.time(), time.monotonic()
+    current = runtime(self.app)
+    runner = current.runner
+    if not runner.app.schedules:
+        return "no schedules"
+    found = schedule_tick.tick(
+        runner.store,
+        runner.app,
+        schedule_tick.Dispatched(runner.dispatcher),
+        grace=current.settings.schedule_grace,
+    )
+    result = f"started {sum(s.created for s in found)} runs"
+    if found and isinstance(runner.eager_events, ChainEvents):
+        took = time.monotonic() - started
+        runner.eager_events.task_ran(
+            schedule_tick.TASK, str(self.request.id), result, received=received, runtime=took
         )
     return result

@@ -320,3 +320,21 @@ Index(
     postgresql_where=_UNDELIVERED,
     sqlite_where=_UNDELIVERED,
 )
+
+# Schedules (docs/schedules.md): defined in code (`app.schedule`); their state is kept here.
+# A tick locks a schedule's row, starts the runs of the occurrences due since
+# `last_occurrence` (or since `active_from` when none started yet) and moves it on, in one
+# transaction with the runs' rows: with the run ids' uniqueness, each occurrence starts
+# one run however many ticks race.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    # Occurrences up to this instant are not due: when the row was first written, or
+    # when the schedule was resumed.
+    Column("active_from", DateTime(timezone=True), nullable=False),
+    Column("last_occurrence", DateTime(timezone=True), nullable=True),  # the newest started
+    Column("last_run_id", String(64), nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
