@@ -13,6 +13,7 @@ from .inspect import journal, runs, status
 from .prune import prune
 from .reconcile import reconcile
 from .run import run
+from .schedules import schedules
 from .serve import serve
 from .session import answer, cancel, events, model, say
 from .tail import tail
@@ -53,6 +54,7 @@ for command in (
     db,
     serve,
     prune,
+    schedules,
 ):
     main.add_command(command)
 

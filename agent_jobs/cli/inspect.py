@@ -77,6 +77,7 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--actor", help="Only runs of this actor.")
 @click.option("--thread", "thread_id", help="Only runs of this thread.")
 @click.option("--parent", "parent_run_id", help="Only the runs this run delegated to.")
+@click.option("--schedule", help="Only the runs this schedule started (app.schedule).")
 @click.option(
     "--search", "-q", "q", help="Only runs with this text in their id, input or metadata."
 )

@@ -58,6 +58,9 @@ def runs_filter(
     root_run_id: Annotated[
         str | None, Query(max_length=64, description="Only the runs of this run's tree")
     ] = None,
+    schedule: Annotated[
+        str | None, Query(max_length=64, description="Only the runs this schedule started")
+    ] = None,
     q: Annotated[
         str | None,
         Query(min_length=1, max_length=MAX_TEXT, description="In the run id, input or metadata"),
@@ -72,6 +75,7 @@ def runs_filter(
         thread_id=thread_id,
         parent_run_id=parent_run_id,
         root_run_id=root_run_id,
+        schedule=schedule,
         q=q,
         since=since,
         until=until,

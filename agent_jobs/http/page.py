@@ -90,6 +90,7 @@ CONSOLE = """  <section id="console" hidden>
           <label>Agent <input id="agent" name="agent" maxlength="200"></label>
           <label>Actor <input id="actor-filter" name="actor" maxlength="200"></label>
           <label>Thread <input id="thread_id" name="thread_id" maxlength="64"></label>
+          <label>Schedule <input id="schedule" name="schedule" maxlength="64"></label>
           <label>Since <input id="since" name="since" type="datetime-local" step="1"></label>
           <label>Until <input id="until" name="until" type="datetime-local" step="1"></label>
         </div>

@@ -50,6 +50,7 @@ class RunFilter:
     thread_id: str | None = None
     parent_run_id: str | None = None
     root_run_id: str | None = None
+    schedule: str | None = None  # started by this schedule (its metadata's `schedule`)
     q: str | None = None  # a run id, or a piece of its input or metadata (any case)
     since: datetime | None = None  # created_at >= since
     until: datetime | None = None  # created_at < until
@@ -151,6 +152,8 @@ def _conditions(where: RunFilter) -> list[ColumnElement[bool]]:
     ):
         if value is not None:
             found.append(column == value)
+    if where.schedule is not None:
+        found.append(runs.c.metadata["schedule"].as_string() == where.schedule)
     if where.since is not None:
         found.append(runs.c.created_at >= _utc(where.since))
     if where.until is not None:
@@ -178,6 +181,7 @@ def _check(where: RunFilter) -> None:
         "thread_id": where.thread_id,
         "parent_run_id": where.parent_run_id,
         "root_run_id": where.root_run_id,
+        "schedule": where.schedule,
         "q": where.q,
     }
     for name, value in texts.items():

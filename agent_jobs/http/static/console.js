@@ -18,7 +18,7 @@ export const STATUSES = [
   "failed",
   "cancelled",
 ];
-const FIELDS = ["q", "agent", "actor", "thread_id", "since", "until"];
+const FIELDS = ["q", "agent", "actor", "thread_id", "schedule", "since", "until"];
 const INPUT_SHOWN = 240; // characters of a run's input a row shows
 
 const list = { live: null, first: [], firstCursor: null, older: [], olderCursor: null, loaded: false };
@@ -58,6 +58,7 @@ function fillForm(filters) {
   $("agent").value = filters.get("agent") || "";
   $("actor-filter").value = filters.get("actor") || "";
   $("thread_id").value = filters.get("thread_id") || "";
+  $("schedule").value = filters.get("schedule") || "";
   $("since").value = filters.get("since") ? toLocal(filters.get("since")) : "";
   $("until").value = filters.get("until") ? toLocal(filters.get("until")) : "";
 }
@@ -65,7 +66,13 @@ function fillForm(filters) {
 function filtersOfForm() {
   const filters = new URLSearchParams();
   for (const box of document.querySelectorAll("#statuses input:checked")) filters.append("status", box.value);
-  const text = { q: $("q"), agent: $("agent"), actor: $("actor-filter"), thread_id: $("thread_id") };
+  const text = {
+    q: $("q"),
+    agent: $("agent"),
+    actor: $("actor-filter"),
+    thread_id: $("thread_id"),
+    schedule: $("schedule"),
+  };
   for (const [name, input] of Object.entries(text)) if (input.value.trim()) filters.set(name, input.value.trim());
   for (const name of ["since", "until"]) {
     const value = $(name).value && fromLocal($(name).value);
@@ -99,7 +106,7 @@ function buildFilters() {
     event.preventDefault();
     apply(filtersOfForm());
   });
-  for (const id of ["agent", "actor-filter", "thread_id", "since", "until"]) {
+  for (const id of ["agent", "actor-filter", "thread_id", "schedule", "since", "until"]) {
     $(id).addEventListener("change", () => apply(filtersOfForm()));
   }
   $("only-failed").addEventListener("click", () => {
