@@ -46,6 +46,7 @@ MODULES: dict[str, str] = {
     "tests/runs/test_abandoned.py": "crash",
     "tests/models/test_durable_e2e.py::"
     "test_a_worker_killed_after_the_model_step_leaves_its_arguments_streamed_once": "crash",
+    "tests/schedules/test_crash.py": "crash",
     # workers: real worker, beat, listener or serve subprocesses
     "tests/controls/test_controls.py": "workers",
     "tests/controls/test_controls_doors.py": "workers",
@@ -76,6 +77,7 @@ MODULES: dict[str, str] = {
     "tests/operations/test_notifications_runs.py": "workers",
     "tests/operations/test_prune_beat.py": "workers",
     "tests/operations/test_tracing.py": "workers",
+    "tests/schedules/test_beat.py": "workers",
     "tests/docs/test_signing_examples.py": "services",
     # services: a database or Redis server of the module's own
     "tests/operations/test_notifications.py": "services",
