@@ -78,6 +78,7 @@ MODULES: dict[str, str] = {
     "tests/operations/test_prune_beat.py": "workers",
     "tests/operations/test_tracing.py": "workers",
     "tests/schedules/test_beat.py": "workers",
+    "tests/schedules/test_embedded.py::test_serve_without_a_broker_ticks_the_schedules": "workers",
     "tests/docs/test_signing_examples.py": "services",
     # services: a database or Redis server of the module's own
     "tests/operations/test_notifications.py": "services",
@@ -93,6 +94,7 @@ MODULES: dict[str, str] = {
     # processes: the CLI on the embedded default, a fresh interpreter, compose's commands
     "tests/doors/test_cli.py": "processes",
     "tests/flow/test_cli_if_busy.py": "processes",
+    "tests/schedules/test_embedded.py": "processes",
     "tests/doors/test_cli_redraw.py::test_run_json_prints_the_finished_run_alone": "processes",
     "tests/doors/test_cli_redraw.py::"
     "test_run_on_a_terminal_erases_a_retried_model_steps_void_text": "processes",

@@ -14,7 +14,7 @@ from agent_jobs import AgentApp, ScriptedModel
 
 DEFAULT = "nightly|latest|30 2 * * *"
 
-app = AgentApp(roles={"scheduler": ["reports"], "ops": ["reports"]})
+app = AgentApp(roles={"ops": ["reports"], "olga": ["operator"]})
 app.agent("reporter", model=ScriptedModel([{"text": "report written"}]), system="Write a report.")
 
 
