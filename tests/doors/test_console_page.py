@@ -177,11 +177,25 @@ def test_the_list_filters_follows_and_pages_runs(stack: Stack, page: Any) -> Non
     page.click("#filters button[type=submit]")
     shows(page, [chat])
 
+    # By schedule: the runs whose metadata names it (a schedule's runs carry its name).
+    scheduled = stack.start(
+        "user-7", agent="chat", text=f"{tag} on time", metadata={"schedule": f"s-{tag}"}
+    )
+    stack.doors.wait_status(scheduled, "completed")
+    page.click("#clear")
+    page.fill("#schedule", f"s-{tag}")
+    page.dispatch_event("#schedule", "change")
+    shows(page, [scheduled])
+    assert f"schedule=s-{tag}" in page.url
+    page.reload()
+    shows(page, [scheduled])
+    assert page.input_value("#schedule") == f"s-{tag}"
+
     # Older runs a page at a time, by the list's cursor.
     visit(page, stack, f"/runs?q={tag}&limit=2")
-    shows(page, [asking, broken])
+    shows(page, [scheduled, asking])
     page.click("#more")
-    shows(page, [asking, broken, chat])
+    shows(page, [scheduled, asking, broken, chat])
     assert page.is_hidden("#more")
 
     # Each row is a link to the run's page.
