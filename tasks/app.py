@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.signals import beat_init
 from kombu import Exchange, Queue
 
 from agent_jobs.dispatch import SWEEP, routing_config
+from agent_jobs.loading import load_app
 from agent_jobs.retention import PRUNE
 from agent_jobs.schedules.tick import TASK as SCHEDULES
 from agent_jobs.settings import Settings, get_settings
@@ -72,14 +76,6 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_consumer="tasks.consumer:Consumer",
         beat_schedule={
             "agent-jobs-sweep": {"task": SWEEP, "schedule": settings.sweep_interval},
-            # The schedules' tick (agent_jobs/schedules/tick.py): exactly once per
-            # occurrence is kept by Postgres, so two beats may run. A tick nobody took
-            # in time is dropped: the next one does its work.
-            "agent-jobs-schedules": {
-                "task": SCHEDULES,
-                "schedule": settings.schedule_interval,
-                "options": {"expires": max(10.0, settings.schedule_interval * 5)},
-            },
         },
     )
     if settings.prune_after_days is not None:  # retention is off unless asked for
@@ -90,3 +86,23 @@ def create_app(settings: Settings | None = None) -> Celery:
     app.steps["worker"].add(ReapDeadProcesses)
     app.autodiscover_tasks(["tasks"], related_name="steps", force=True)
     return app
+
+
+def schedules_entry(settings: Settings) -> dict[str, Any]:
+    """Beat's entry for the schedules' tick (agent_jobs/schedules/tick.py). Exactly once
+    per occurrence is kept by Postgres, so two beats may run; a tick nobody took in time
+    is dropped, the next one doing its work."""
+    return {
+        "task": SCHEDULES,
+        "schedule": settings.schedule_interval,
+        "options": {"expires": max(10.0, settings.schedule_interval * 5)},
+    }
+
+
+@beat_init.connect
+def _tick_schedules(sender: Any = None, **_: Any) -> None:
+    """Beat ticks the schedules only for an app that defines some: a deployment without
+    them pays no message a second."""
+    settings = get_settings()
+    if sender is not None and load_app(settings.app).schedules:
+        sender.scheduler.update_from_dict({"agent-jobs-schedules": schedules_entry(settings)})

@@ -100,3 +100,10 @@ def test_the_cli_pauses_resumes_and_runs_a_schedule_now(doors: Doors) -> None:
 
     unknown = cli("schedules", "pause", "nope", env=doors.env)
     assert unknown.returncode == 2 and "unknown schedule 'nope'" in unknown.stderr
+
+
+def test_beat_sends_no_tick_for_an_app_without_schedules(pg_url: str, tmp_path: Path) -> None:
+    with schedule_doors(pg_url, tmp_path, schedules="") as doors:
+        beat = doors.beat()
+        wait_for(lambda: beat.log().count("agent-jobs-sweep") >= 3, f"sweeps\n{beat.log()}")
+        assert "agent-jobs-schedules" not in beat.log()
