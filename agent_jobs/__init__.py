@@ -12,6 +12,8 @@ it), and these modules, which users import directly:
 - `agent_jobs.session`: folds over a thread's events (`fold_consumed_work`);
 - `agent_jobs.startup`: `start(store, settings)`, what a process that drives runs starts
   beside its work (notifications, diagnostics, tracing);
+- `agent_jobs.schedules.ticker`: `start_ticker`, a process of yours with an
+  `InlineRunner` ticking the app's schedules (docs/schedules.md);
 - `agent_jobs.prestep` and `agent_jobs.request_errors`: the types of `@app.before_step`
   listeners (`PreStepDecision`) and `@app.on_request_error` middlewares.
 
@@ -35,6 +37,7 @@ from .errors import (
     QuotaExceededError,
     ReconcileRefusedError,
     RunAbandonedError,
+    ScheduleError,
     SchemaNotReadyError,
     StepFailedError,
     StepRejectedError,
@@ -47,6 +50,7 @@ from .errors import (
     UnknownAgentError,
     UnknownCallError,
     UnknownRunError,
+    UnknownScheduleError,
     UnknownToolError,
 )
 from .history import SlidingWindowHistory, summarize_with_model
@@ -56,6 +60,7 @@ from .loop import LoopDeps, TurnInput, TurnResult, run_agent_loop
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
 from .models import DeltaSink, Model, ScriptedModel
 from .runners import InlineRunner
+from .schedules import Schedule
 from .settings import Settings, get_settings
 from .store import RunView, Store
 from .tools import ReconcileContext, ToolContext
@@ -72,6 +77,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose; sorted within each group)
     "ModelResponse",
     "Persona",
     "ReconcileContext",
+    "Schedule",
     "ScriptedModel",
     "SlidingWindowHistory",
     "ToolCall",
@@ -100,6 +106,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose; sorted within each group)
     "QuotaExceededError",
     "ReconcileRefusedError",
     "RunAbandonedError",
+    "ScheduleError",
     "SchemaNotReadyError",
     "StepFailedError",
     "StepRejectedError",
@@ -112,6 +119,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose; sorted within each group)
     "UnknownAgentError",
     "UnknownCallError",
     "UnknownRunError",
+    "UnknownScheduleError",
     "UnknownToolError",
     # For runner authors: the pure loop, and the hooks its side effects go through.
     "Decision",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -64,6 +65,10 @@ class Schedule:
             raise ScheduleError(f"schedule {name!r}: actor must be a non-empty text")
         if metadata is not None and not isinstance(metadata, dict):
             raise ScheduleError(f"schedule {name!r}: metadata must be a dict")
+        try:
+            json.dumps(metadata or {})
+        except (TypeError, ValueError):
+            raise ScheduleError(f"schedule {name!r}: metadata must be JSON") from None
         when = Cron(cron, timezone)
         try:
             when.next_after(datetime.now(UTC))

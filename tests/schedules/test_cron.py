@@ -4,6 +4,7 @@ definitions refused with a `ScheduleError`."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -142,10 +143,11 @@ def an_app() -> AgentApp:
         ({"name": "x" * 34}, "invalid schedule name"),
         ({"agent": "nobody"}, "unknown agent 'nobody'"),
         ({"input": " "}, "input must be a non-empty text"),
+        ({"metadata": {"when": object()}}, "metadata must be JSON"),
     ],
 )
 def test_a_bad_definition_is_a_schedule_error_and_defines_nothing(
-    fields: dict[str, str], says: str
+    fields: dict[str, Any], says: str
 ) -> None:
     app = an_app()
     given = {
