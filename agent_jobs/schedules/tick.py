@@ -110,7 +110,7 @@ def tick(
         with store.connect() as conn:
             seen = rows.get_all(conn, list(app.schedules))
     except Exception:
-        log.exception("schedules: this tick could not read them; the next one tries again")
+        log.exception("schedules: this tick failed to read them; the next one tries again")
         return found
     for schedule in list(app.schedules.values()):
         row = seen.get(schedule.name)
