@@ -82,6 +82,7 @@ def db_upgrade(url: str) -> subprocess.CompletedProcess[str]:
 
 
 OURS = {t.name for t in metadata.sorted_tables}
+LATER = {"schedules"}  # tables of migrations after 0005, the earlier layout's last
 
 
 def test_a_database_with_its_own_migrations_is_upgraded_beside_them(database: str) -> None:
@@ -119,7 +120,7 @@ def test_a_deployment_of_the_earlier_layout_is_moved_in_place(database: str) -> 
             )
     finally:
         earlier.dispose()
-    assert tables(database)["public"] >= OURS
+    assert tables(database)["public"] >= OURS - LATER
 
     done = db_upgrade(database)
     assert done.returncode == 0, done.stderr
