@@ -9,8 +9,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
+from agent_jobs.schedules.tick import utc
 from agent_jobs.store.db import utcnow
+from agent_jobs.store.schema import schedules
 from tests.schedules.support import (
     PREFIX,
     assert_one_run_a_second,
@@ -87,9 +90,11 @@ def test_the_cli_pauses_resumes_and_runs_a_schedule_now(doors: Doors) -> None:
 
     done = cli("schedules", "resume", "every", env=doors.env)
     assert done.returncode == 0 and "schedule every resumed" in done.stdout, done.stderr
-    resumed_at = utcnow()
+    with doors.store.connect() as conn:  # the resume's moment, as it was recorded
+        resumed_at = utc(conn.execute(select(schedules.c.active_from)).scalar_one())
+    assert resumed_at > last
     found = wait_runs_past(doors, resumed_at, "after the resume")
-    skipped = [o for o in found if last < o <= resumed_at - timedelta(seconds=1)]
+    skipped = [o for o in found if last < o <= resumed_at]
     assert skipped == [], "the pause's occurrences are skipped"
 
     listed_runs = cli("runs", "--schedule", "every", "--json", "--limit", "200", env=doors.env)
