@@ -96,6 +96,11 @@ def test_serve_without_a_broker_ticks_the_schedules(tmp_path: Path) -> None:
                 return found if len(done) >= 3 and len(done) == len(found) else None
 
             found = eventually(listed, what=f"three completed runs\n{server.log()}")
+            # A run id with colons is a path segment like any other.
+            one = http.get(f"/v1/runs/{found[0]['run_id']}")
+            assert one.status_code == 200 and one.json()["status"] == "completed", one.text
+            steps = http.get(f"/v1/runs/{found[0]['run_id']}/steps")
+            assert steps.status_code == 200 and steps.json()["steps"], steps.text
     finally:
         server.stop()
     ids = [str(r["run_id"]) for r in found]
