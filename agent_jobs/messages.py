@@ -43,10 +43,17 @@ class Message(BaseModel):
 
 
 class Usage(BaseModel):
-    """Token usage of one model call, and its cost when it is known."""
+    """Token usage of one model call, and its cost when it is known.
+
+    `input_tokens` counts every input token, those read from or written to a provider's
+    prompt cache included; `cache_read_tokens` and `cache_write_tokens` say how many of
+    them were (a provider that reports none leaves them 0).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     cost: float | None = None
     # "provider" when the gateway reported the real cost, "price_table" when computed.
     cost_source: Literal["provider", "price_table"] | None = None

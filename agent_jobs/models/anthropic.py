@@ -5,6 +5,21 @@ Reasoning effort turns on extended thinking with a token budget: `low` 1024,
 `minimal` leaves it off. The budget counts against `max_tokens`, so when the
 budget does not fit, `max_tokens` grows by the budget.
 
+Prompt caching (on unless `prompt_cache=False`, `AGENT_JOBS_ANTHROPIC_CACHE=0`) marks
+where the API may keep the prompt's prefix for five minutes (`cache_control`
+ephemeral; at most 4 marks a request), where a later request is sure to resend it:
+
+- the last tool definition and the system prompt: the same in every request of an agent;
+- the history up to the last assistant turn, in a request that continues a conversation:
+  the prefix the request before wrote, read here at a tenth of the input price (the
+  request made after a person's decision resends the conversation it stopped on);
+- the whole history, in a request that offers tools: its reply's calls bring this
+  conversation back within seconds, with their results added.
+
+A write costs 1.25 times the input price and a read 0.1 times (`pricing.py`); a prefix
+shorter than the model's minimum (1,024 to 4,096 tokens) is not cached and costs as
+before.
+
 `ModelSettings.temperature` is not sent: the API version the SDK speaks
 (2026-10-21) refuses sampling parameters, and the SDK has dropped them.
 
@@ -119,6 +134,28 @@ def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     return out
 
 
+EPHEMERAL: Mapping[str, str] = {"type": "ephemeral"}
+
+
+def mark_cache_points(params: dict[str, Any], *, offers_tools: bool) -> None:
+    """Mark the Messages call's prompt-cache breakpoints (the module's docstring says
+    which, and why); at most 4, the API's limit."""
+    if params.get("tools"):
+        params["tools"][-1] = {**params["tools"][-1], "cache_control": dict(EPHEMERAL)}
+    if system := params.get("system"):
+        params["system"] = [{"type": "text", "text": system, "cache_control": dict(EPHEMERAL)}]
+    messages: list[dict[str, Any]] = params["messages"]
+    last_reply = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
+    marked = set()
+    if last_reply > 0:
+        marked.add(last_reply - 1)  # what the request before this one ended on
+    if offers_tools and messages:
+        marked.add(len(messages) - 1)
+    for index in marked:
+        content = messages[index]["content"]
+        content[-1] = {**content[-1], "cache_control": dict(EPHEMERAL)}
+
+
 @dataclass
 class _PendingCall:
     id: str
@@ -196,7 +233,7 @@ class _Assembly:
 
     @property
     def input_tokens(self) -> int:
-        # Cache writes and reads are input too; the price table prices them as input.
+        # Cache writes and reads are input too, priced at the cache's prices.
         return sum(
             self.tokens.get(name, 0)
             for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -241,6 +278,7 @@ class AnthropicModel:
         reasoning_effort: str | None = None,
         default_headers: Mapping[str, str] | None = None,
         prices: PriceTable | None = None,
+        prompt_cache: bool = True,
     ) -> None:
         thinking_budget(reasoning_effort)  # refuse a bad effort now, not on the first call
         self.model = model
@@ -249,6 +287,7 @@ class AnthropicModel:
         self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
         self.reasoning_effort = reasoning_effort
         self.prices = prices if prices is not None else PriceTable()
+        self.prompt_cache = prompt_cache
         self._api_key = api_key if isinstance(api_key, SecretStr) else SecretStr(api_key or "")
         self._default_headers = dict(default_headers or {})
         self._client: ProcessLocal[anthropic.Anthropic] = ProcessLocal(
@@ -296,6 +335,8 @@ class AnthropicModel:
             params["system"] = system
         if request.tools:
             params["tools"] = to_anthropic_tools(request.tools)
+        if self.prompt_cache:
+            mark_cache_points(params, offers_tools=bool(request.tools))
         try:
             budget = thinking_budget(settings.reasoning_effort or self.reasoning_effort)
         except ConfigurationError as exc:
@@ -341,6 +382,8 @@ class AnthropicModel:
             model=params["model"],
             provider_cost=header_cost(headers),  # a LiteLLM proxy in front of the Messages API
             prices=self.prices,
+            cache_read_tokens=assembly.tokens.get("cache_read_input_tokens", 0),
+            cache_write_tokens=assembly.tokens.get("cache_creation_input_tokens", 0),
         )
         return ModelResponse(
             text="".join(assembly.text),

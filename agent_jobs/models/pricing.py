@@ -11,6 +11,11 @@ JSON file (setting `AGENT_JOBS_PRICE_TABLE`) or a dict::
 
     # prices.json
     {"gpt-4.1-mini": {"input": 0.40, "output": 1.60}}
+
+Input tokens written to a provider's prompt cache and read from it are billed at other
+prices: by default 1.25 times the input price for a write (Anthropic's 5-minute cache)
+and 0.1 times for a read; an entry may give its own (`cache_write`, `cache_read`, USD
+per million tokens).
 """
 
 from __future__ import annotations
@@ -27,14 +32,31 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..errors import ConfigurationError
 from ..messages import Usage
 
+# What a prompt-cache write and read cost, as a multiple of the input price, where an
+# entry gives no price of its own: Anthropic's 5-minute cache bills a write at 1.25x and
+# a read at 0.1x.
+CACHE_WRITE_FACTOR = 1.25
+CACHE_READ_FACTOR = 0.1
+
 
 class ModelPrice(BaseModel):
-    """USD per million input and output tokens."""
+    """USD per million input and output tokens, and per million input tokens written to
+    and read from the prompt cache (by default 1.25x and 0.1x the input price)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input: float
     output: float
+    cache_write: float | None = None
+    cache_read: float | None = None
+
+    @property
+    def cache_write_price(self) -> float:
+        return self.cache_write if self.cache_write is not None else self.input * CACHE_WRITE_FACTOR
+
+    @property
+    def cache_read_price(self) -> float:
+        return self.cache_read if self.cache_read is not None else self.input * CACHE_READ_FACTOR
 
 
 BUILTIN_PRICES: Mapping[str, ModelPrice] = {
@@ -86,12 +108,28 @@ class PriceTable:
                 return price
         return None
 
-    def cost(self, model: str, input_tokens: int, output_tokens: int) -> float | None:
-        """USD for the tokens, or None when the model is not in the table."""
+    def cost(
+        self,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float | None:
+        """USD for the tokens, or None when the model is not in the table. `input_tokens`
+        counts every input token; of them, `cache_read_tokens` and `cache_write_tokens`
+        are billed at the cache's prices, the rest at the input price."""
         price = self.price_for(model)
         if price is None:
             return None
-        total = (input_tokens * price.input + output_tokens * price.output) / 1_000_000
+        uncached = max(0, input_tokens - cache_read_tokens - cache_write_tokens)
+        total = (
+            uncached * price.input
+            + cache_write_tokens * price.cache_write_price
+            + cache_read_tokens * price.cache_read_price
+            + output_tokens * price.output
+        ) / 1_000_000
         return round(total, 10)
 
     def merged(self, overrides: Mapping[str, ModelPrice]) -> PriceTable:
@@ -134,19 +172,29 @@ def priced_usage(
     model: str,
     provider_cost: float | None,
     prices: PriceTable | None,
+    cache_read_tokens: int = 0,
+    cache_write_tokens: int = 0,
 ) -> Usage:
-    """Usage with its cost: the provider's when reported, else the price table's, else None."""
-    if provider_cost is not None:
-        return Usage(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cost=provider_cost,
-            cost_source="provider",
-        )
-    cost = prices.cost(model, input_tokens, output_tokens) if prices is not None else None
-    return Usage(
+    """Usage with its cost: the provider's when reported, else the price table's, else
+    None. `input_tokens` counts every input token, the cache's included."""
+    counts = Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        cost=cost,
-        cost_source="price_table" if cost is not None else None,
+        cache_read_tokens=cache_read_tokens,
+        cache_write_tokens=cache_write_tokens,
     )
+    if provider_cost is not None:
+        return counts.model_copy(update={"cost": provider_cost, "cost_source": "provider"})
+    cost = (
+        prices.cost(
+            model,
+            input_tokens,
+            output_tokens,
+            cache_read_tokens=cache_read_tokens,
+            cache_write_tokens=cache_write_tokens,
+        )
+        if prices is not None
+        else None
+    )
+    source = "price_table" if cost is not None else None
+    return counts.model_copy(update={"cost": cost, "cost_source": source})

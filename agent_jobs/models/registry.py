@@ -37,6 +37,9 @@ class ProviderSettings(SettingsBase):
     openai_base_url: str | None = None
     anthropic_api_key: SecretStr | None = _key("ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY")
     anthropic_base_url: str | None = None
+    anthropic_cache: bool = Field(
+        default=True, description="Anthropic prompt caching (agent_jobs/models/anthropic.py)"
+    )
     openrouter_api_key: SecretStr | None = _key("OPENROUTER_API_KEY", "OPENROUTER_API_KEY")
     openrouter_base_url: str = OPENROUTER_BASE_URL
     litellm_api_key: SecretStr | None = _key("LITELLM_API_KEY", "LITELLM_API_KEY")
@@ -121,6 +124,7 @@ def resolve_model(
             max_tokens=tokens,
             reasoning_effort=effort,
             prices=table,
+            prompt_cache=s.anthropic_cache,
         )
     if _OPENAI_COMPATIBLE[provider]:
         _require_key(provider, key)

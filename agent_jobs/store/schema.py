@@ -221,6 +221,9 @@ usage = Table(
     Column("cost", Float, nullable=True),
     Column("cost_source", String(16), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # Of `input_tokens`, those read from and written to the provider's prompt cache.
+    Column("cache_read_tokens", Integer, nullable=False, server_default="0"),
+    Column("cache_write_tokens", Integer, nullable=False, server_default="0"),
 )
 Index("ix_usage_run", usage.c.run_id)
 

@@ -41,6 +41,8 @@ def charge(
         "cost": spent.cost,
         "cost_source": spent.cost_source,
         "created_at": utcnow(),
+        "cache_read_tokens": spent.cache_read_tokens,
+        "cache_write_tokens": spent.cache_write_tokens,
     }
     if conn.dialect.name == "postgresql":
         driver.later(conn, _CHARGE_PG, row | {"tokens": spent.total_tokens})
@@ -65,7 +67,7 @@ def _bump(dialect: str) -> Any:
 _BUMP = {dialect: _bump(dialect) for dialect in DIALECTS}
 _LEDGER = (
     "run_id, thread_id, actor, day, step, kind, model, input_tokens, output_tokens, cost, "
-    "cost_source, created_at"
+    "cost_source, created_at, cache_read_tokens, cache_write_tokens"
 )
 _CHARGE_PG = text(
     f"""

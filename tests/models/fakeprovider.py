@@ -370,9 +370,14 @@ def anthropic_reply(
     model: str = "claude-haiku-4-5-20251001",
     headers: dict[str, str] | None = None,
     head: int = 1,
+    cache_read: int | None = None,
+    cache_write: int | None = None,
 ) -> Reply:
     """A streamed Messages reply: a text block (one delta per piece), then one tool_use
     block per call with its input JSON split in two, then the stop and the usage.
+    `cache_read` and `cache_write`, when given, are the prompt-cache tokens the message's
+    start reports (`cache_read_input_tokens`, `cache_creation_input_tokens`), billed
+    apart from `input_tokens` as the API does.
 
     `head` is how many leading events go out as one chunk: 3 sends the message start,
     the text block start and the first text delta together, as a provider often does.
@@ -387,6 +392,10 @@ def anthropic_reply(
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": 1},
     }
+    if cache_read is not None:
+        message["usage"]["cache_read_input_tokens"] = cache_read
+    if cache_write is not None:
+        message["usage"]["cache_creation_input_tokens"] = cache_write
     events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
     pieces = list(texts)
     index = 0

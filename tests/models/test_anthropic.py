@@ -93,7 +93,11 @@ def text_reply(*pieces: str) -> Reply:
 
 @pytest.fixture
 def model(fake: FakeProvider) -> Iterator[AnthropicModel]:
-    m = AnthropicModel(MODEL, api_key=API_KEY, base_url=fake.url, timeout=TIMEOUT)
+    """The adapter with prompt caching off: the requests as mapped, with no breakpoints
+    (caching has tests of its own, in test_anthropic_cache.py)."""
+    m = AnthropicModel(
+        MODEL, api_key=API_KEY, base_url=fake.url, timeout=TIMEOUT, prompt_cache=False
+    )
     yield m
     m.close()
 
