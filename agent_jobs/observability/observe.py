@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -91,20 +91,36 @@ def completed(env: StepEnv, run: RunView, completion: Any) -> None:
             outcome,
             completion.error,
             completion.dead_letter,
+            completion.genai,
         )
     )
 
 
 def remote_step(
-    run: RunView, step: str, started: datetime, attempt: int, error: str | None = None
+    run: RunView,
+    step: str,
+    started: datetime,
+    attempt: int,
+    error: str | None = None,
+    genai: Mapping[str, str | int | float] | None = None,
 ) -> None:
-    """A remote step the inline runner carried out, its outcome committed already."""
+    """A remote step the inline runner carried out, its outcome committed already
+    (`genai`: its span's GenAI attributes, observability/genai.py)."""
     if on():
         ended = time.time_ns()
         outcome = "failed" if error is not None else "done"
         kind = kind_of(step)
         _step(
-            run.trace_context, run.run_id, step, kind, _ns(started), ended, attempt, outcome, error
+            run.trace_context,
+            run.run_id,
+            step,
+            kind,
+            _ns(started),
+            ended,
+            attempt,
+            outcome,
+            error,
+            genai=genai,
         )
 
 
@@ -119,12 +135,14 @@ def _step(
     outcome: str,
     error: str | None = None,
     dead_letter: bool = False,
+    genai: Mapping[str, str | int | float] | None = None,
 ) -> None:
     seconds = (ended - started) / 1e9 if started is not None else None
     metrics.step(kind, seconds, attempt - 1)
     if dead_letter:
         metrics.dead_letter()
-    attributes: dict[str, str | int] = {
+    attributes: dict[str, str | int | float] = {
+        **(genai or {}),
         "agent_jobs.run_id": run_id,
         "agent_jobs.step": step,
         "agent_jobs.attempt": attempt,

@@ -174,7 +174,7 @@ def span(
     *,
     start_ns: int,
     end_ns: int,
-    attributes: Mapping[str, str | int],
+    attributes: Mapping[str, str | int | float],
     error: str | None = None,
 ) -> None:
     """A finished span `name` under `context` (a run's), from `start_ns` to `end_ns`

@@ -47,6 +47,8 @@ MODULES: dict[str, str] = {
     "tests/models/test_durable_e2e.py::"
     "test_a_worker_killed_after_the_model_step_leaves_its_arguments_streamed_once": "crash",
     "tests/schedules/test_crash.py": "crash",
+    "tests/models/test_genai_spans.py::"
+    "test_a_model_step_replayed_by_another_worker_keeps_its_one_span": "crash",
     # workers: real worker, beat, listener or serve subprocesses
     "tests/controls/test_controls.py": "workers",
     "tests/controls/test_controls_doors.py": "workers",
@@ -70,6 +72,8 @@ MODULES: dict[str, str] = {
     "tests/humans/test_listener_hardening.py": "workers",
     "tests/humans/test_reconcile_doors.py": "workers",
     "tests/models/test_durable_e2e.py": "workers",
+    "tests/models/test_genai_spans.py::"
+    "test_a_durable_run_has_one_span_per_step_with_the_genai_attributes": "workers",
     "tests/operations/test_drain.py": "workers",
     "tests/operations/test_flower.py": "workers",
     "tests/operations/test_http_observability.py": "workers",

@@ -47,6 +47,9 @@ class Completion:
     # The step's epoch as the delivery that ran it read it: the outcome is written only
     # while it is still that one (journal.fence; None: whatever it is).
     fence: int | None = None
+    # The GenAI semantic conventions for the step's span (observability/genai.py): worked
+    # out where the step ran, reported by the pass that commits it.
+    genai: dict[str, str | int | float] = field(default_factory=dict)
 
     def into(self, env: StepEnv, run: RunView, conn: Connection) -> None:
         """Hand what the pass writing this outcome reports to its `env`: the step's

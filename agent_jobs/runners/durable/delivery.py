@@ -23,6 +23,7 @@ import redis
 
 from ...errors import Deferred, RetryLater
 from ...leases import Holder
+from ...observability import genai
 from ...settings import Settings
 from ...steps import parse_intent
 from ...store import Store
@@ -151,7 +152,9 @@ class Delivery:
             made = Completion(step, "done", found, attempt=attempt)
         if isinstance(made, str):
             return made
-        made = replace(made, fence=self.fence)  # written while the step is ours
+        # Written while the step is ours; its span's GenAI attributes worked out here.
+        done = made.result if made.state == "done" else None
+        made = replace(made, fence=self.fence, genai=genai.attributes(runner.app, row.intent, done))
         if guard is not None:  # its outcome is known once this is written
             made = replace(made, call_id=guard.call_id)
         return made

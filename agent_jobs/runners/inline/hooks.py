@@ -37,7 +37,7 @@ from ...hooks import (
     StepCall,
     settle,
 )
-from ...observability import observe
+from ...observability import genai, observe
 from ...ratelimits.gate import ModelGate
 from ...settings import Settings
 from ...steps import ModelTurn, dump
@@ -134,7 +134,9 @@ class InlineHooks(LoopHooks):
                 result = dump(execute_remote(intent, env, call.name))
             with store.begin() as conn:
                 self._journal(conn, env, call, seq, result, started)
-            observe.remote_step(self.run, call.name, started, env.stream.extra["attempt"])
+            attempt = env.stream.extra["attempt"]
+            traced = genai.attributes(self.app, intent, result)
+            observe.remote_step(self.run, call.name, started, attempt, genai=traced)
             return result
         env = self._env()
         started_ns = observe.clock()
