@@ -10,11 +10,14 @@ where the API may keep the prompt's prefix for five minutes (`cache_control`
 ephemeral; at most 4 marks a request), where a later request is sure to resend it:
 
 - the last tool definition and the system prompt: the same in every request of an agent;
-- the history up to the last assistant turn, in a request that continues a conversation:
-  the prefix the request before wrote, read here at a tenth of the input price (the
-  request made after a person's decision resends the conversation it stopped on);
-- the whole history, in a request that offers tools: its reply's calls bring this
-  conversation back within seconds, with their results added.
+- when the request offers tools, the whole history: the reply's calls bring this
+  conversation back within seconds, with their results added;
+- and the history up to the last assistant turn: the prefix the request before wrote,
+  read here at a tenth of the input price (the request made after a person's decision
+  resends the conversation it stopped on).
+
+With no tools offered the next request waits for the user, most likely longer than the
+cache lives: the history is not marked.
 
 A write costs 1.25 times the input price and a read 0.1 times (`pricing.py`); a prefix
 shorter than the model's minimum (1,024 to 4,096 tokens) is not cached and costs as
@@ -145,12 +148,12 @@ def mark_cache_points(params: dict[str, Any], *, offers_tools: bool) -> None:
     if system := params.get("system"):
         params["system"] = [{"type": "text", "text": system, "cache_control": dict(EPHEMERAL)}]
     messages: list[dict[str, Any]] = params["messages"]
+    if not offers_tools or not messages:
+        return  # the next request waits for the user: most likely past the cache's life
     last_reply = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
-    marked = set()
+    marked = {len(messages) - 1}
     if last_reply > 0:
         marked.add(last_reply - 1)  # what the request before this one ended on
-    if offers_tools and messages:
-        marked.add(len(messages) - 1)
     for index in marked:
         content = messages[index]["content"]
         content[-1] = {**content[-1], "cache_control": dict(EPHEMERAL)}

@@ -120,12 +120,11 @@ def test_a_long_tool_loop_marks_where_the_request_before_ended(
     assert marks(fake.last_body) == ["tools[1]", "system", "messages[2]", "messages[4]"]
 
 
-def test_with_no_tools_the_conversation_is_not_written_for_a_next_request(
+def test_with_no_tools_only_the_system_prompt_is_marked(
     fake: FakeProvider, model: AnthropicModel
 ) -> None:
     """With no tool to call, the next request waits for the user: most likely past the
-    cache's five minutes, so the last message is not marked; the prefix the request
-    before wrote still is."""
+    cache's five minutes, so writing the history would cost 1.25x for nothing."""
     history = [
         Message(role="user", content="Hello"),
         Message(role="assistant", content="Hi, how can I help?"),
@@ -133,7 +132,7 @@ def test_with_no_tools_the_conversation_is_not_written_for_a_next_request(
     ]
     fake.add(anthropic_reply(["Shipped."]))
     model.run_turn(make_request(history), RecordingSink())
-    assert marks(fake.last_body) == ["system", "messages[0]"]
+    assert marks(fake.last_body) == ["system"]
 
 
 def test_caching_off_sends_no_breakpoint(fake: FakeProvider) -> None:
