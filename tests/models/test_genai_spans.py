@@ -21,10 +21,21 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 from pydantic import SecretStr
 from test_durable_e2e import FAST_RECOVERY, REFUND_ARGS, Deployment
 
-from agent_jobs import InlineRunner, Store
+from agent_jobs import (
+    AgentApp,
+    InlineRunner,
+    ScriptedModel,
+    SlidingWindowHistory,
+    Store,
+    summarize_with_model,
+)
+from agent_jobs.messages import Message, ModelRequest, ModelSettings, ToolCall
+from agent_jobs.models.anthropic import AnthropicModel
 from agent_jobs.models.registry import ProviderSettings
+from agent_jobs.observability import genai as genai_attributes
 from agent_jobs.observability import tracing
 from agent_jobs.settings import Settings
+from agent_jobs.steps import InvokeTool, ModelTurn, Summarize, dump
 from tests.support.apps.otel import read_spans
 from tests.support.waiting import TIMEOUT, eventually
 
@@ -137,6 +148,44 @@ def test_the_inline_runners_spans_carry_the_genai_attributes(
     assert found.pop("model:2") == chat(60, 12, read=3000)
     assert found.pop("tool:toolu_7") == tool("lookup_order", "toolu_7")
     assert all(not extra for extra in found.values()), found  # local steps carry none
+
+
+def test_a_failed_step_a_summary_and_an_unknown_agent(exporter: InMemorySpanExporter) -> None:
+    """A model step that failed names what it asked for and no usage; a tool step that
+    failed still names its tool; a summary is a `chat` of the summarizer's model; an
+    intent that cannot be described gives nothing (the span keeps its own attributes)."""
+    app = AgentApp()
+    summarizer = AnthropicModel(REQUESTED, api_key=API_KEY)
+    window = SlidingWindowHistory(max_messages=4, summarize=summarize_with_model(summarizer))
+    app.agent("a", model=ScriptedModel([{"text": "hi"}], name="scripted"), history=window)
+    request = ModelRequest(run_id="r", agent="a", step=0, system="s", messages=[])
+    failed = genai_attributes.attributes(app, dump(ModelTurn(request=request)), None)
+    assert failed == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "scripted",
+    }
+    chosen = request.model_copy(update={"settings": ModelSettings(model="other-model")})
+    asked = genai_attributes.attributes(app, ModelTurn(request=chosen), None)
+    assert asked["gen_ai.request.model"] == "other-model"
+    call = ToolCall(id="c1", name="refund")
+    invoke = InvokeTool(run_id="r", agent="a", actor="u", call=call, offered=["refund"])
+    assert genai_attributes.attributes(app, dump(invoke), None) == tool("refund", "c1")
+    summary = Summarize(run_id="r", agent="a", messages=[Message(role="user", content="x")])
+    usage = {"input_tokens": 40, "output_tokens": 4, "cost": 0.0001}
+    described = genai_attributes.attributes(app, dump(summary), {"model": ANSWERED, "usage": usage})
+    assert described == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.request.model": REQUESTED,
+        "gen_ai.response.model": ANSWERED,
+        "gen_ai.usage.input_tokens": 40,
+        "gen_ai.usage.output_tokens": 4,
+        "agent_jobs.cost_usd": 0.0001,
+    }
+    unknown = request.model_copy(update={"agent": "nobody"})
+    assert genai_attributes.attributes(app, dump(ModelTurn(request=unknown)), None) == {}
+    assert genai_attributes.attributes(app, {"type": "persist_user"}, None) == {}
 
 
 # --- real workers ---------------------------------------------------------------------------
