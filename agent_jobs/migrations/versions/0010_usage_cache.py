@@ -1,8 +1,8 @@
 """The usage ledger's prompt-cache tokens: how many of a call's input tokens were read from
 and written to the provider's cache, which it bills at other prices
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-05 23:00:00
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
