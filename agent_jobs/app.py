@@ -14,6 +14,8 @@ from .models.base import Model
 from .prestep import PreStepListener
 from .request_errors import RequestErrorMiddleware
 from .schedules.spec import Schedule
+from .timers import SPEC as WAIT_SPEC
+from .timers import WAIT
 from .tools import OnTimeout, Reconciler, Roles, RolesPolicy, Tool, ToolKind, ToolRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,6 +64,8 @@ class AgentSpec:
     history: SlidingWindowHistory | None = None
     # At most `limit` runs with one key at once (docs/operating.md, "Flow control"); None: no limit.
     concurrency: Concurrency | None = None
+    # Offered the `wait` tool: the run may sleep and wake later (docs/time.md).
+    timers: bool = False
 
     def model_settings(self) -> ModelSettings:
         return ModelSettings(
@@ -177,6 +181,7 @@ class AgentApp:
         history: SlidingWindowHistory | None = None,
         concurrency_key: str | KeyFunction | None = None,
         max_concurrent: int | None = None,
+        timers: bool = False,
     ) -> AgentSpec:
         """Define an agent. A name in `tools` may be a tool or another agent.
 
@@ -185,7 +190,8 @@ class AgentApp:
         `concurrency_key` ("actor", "thread", or a function of the run request that
         returns a string, or None for a run nothing holds back) and `max_concurrent`, at
         most that many runs of the agent with one key run at once; the others wait,
-        `queued`, in the order they came.
+        `queued`, in the order they came. With `timers`, the agent is offered the `wait`
+        tool: its run sleeps, holding nothing, until a time or a message (docs/time.md).
         """
         if name in self.agents:
             raise ConfigurationError(f"an agent named {name!r} is already defined")
@@ -211,6 +217,7 @@ class AgentApp:
             description=description,
             history=history,
             concurrency=limit,
+            timers=bool(timers),
         )
         self.agents[name] = spec
         return spec
@@ -308,6 +315,8 @@ class AgentApp:
                     offered.append(name)
             elif name in self.agents:
                 offered.append(name)
+        if agent.timers and WAIT not in offered and WAIT not in self.registry:
+            offered.append(WAIT)
         return offered
 
     def tool_specs(self, names: Iterable[str]) -> list[ToolSpec]:
@@ -317,6 +326,8 @@ class AgentApp:
                 specs.append(self.registry.get(name).spec())
             elif name in self.agents:
                 specs.append(delegation_spec(self.agents[name]))
+            elif name == WAIT:
+                specs.append(WAIT_SPEC)
         return specs
 
     def kind_of(self, name: str) -> str | None:

@@ -6,7 +6,7 @@ A turn's checkpoints, in the order a turn meets them:
     quota:check · persist:user · load:thread · [history:summarize · usage:summary]
     prepare:<n> · model:<n> · usage:<n> · persist:assistant:<n>
     persist:toolcall:<id> · [approval:<id>] · tool:<id> · [answers:<id>:<k> · tool:<id>:<k+1>]
-    · [agent:<id>] · persist:toolexec:<id> · … · persist:title
+    · [agent:<id>] · [timer:<id>] · persist:toolexec:<id> · … · persist:title
     patch:<patch id> wherever a run took a gated shape
     retry:<k>:<step> after the journal's last row, the k-th run of a failed step a person
     asked for (`agent-jobs retry`): the failed row stays as it was
@@ -36,6 +36,7 @@ PERSIST_TITLE = "persist:title"
 
 APPROVAL = "approval:"
 ANSWERS = "answers:"
+TIMER = "timer:"
 HUMAN_WAITS = (APPROVAL, ANSWERS)  # the checkpoints a person completes
 
 
@@ -92,6 +93,11 @@ def answers(request_id: str) -> str:
     return f"{ANSWERS}{request_id}"
 
 
+def timer(call_id: str) -> str:
+    """The row a sleeping run waits on: the `wait` call `call_id` (agent_jobs/timers.py)."""
+    return f"{TIMER}{call_id}"
+
+
 def delegation(call_id: str) -> str:
     """The parent's row that waits for a delegated run's answer."""
     return f"agent:{call_id}"
@@ -143,6 +149,7 @@ Kind = Literal[
     "approval",
     "answers",
     "delegation",
+    "timer",
     "patch",
     "retry",
 ]
@@ -167,6 +174,7 @@ _PREFIXES: tuple[tuple[str, Kind], ...] = (
     (APPROVAL, "approval"),
     (ANSWERS, "answers"),
     ("agent:", "delegation"),
+    (TIMER, "timer"),
     ("patch:", "patch"),
     (RETRY, "retry"),
 )
@@ -240,7 +248,7 @@ class ThreadSnapshot(BaseModel):
 class CallVerdict(BaseModel):
     """Decided inside `persist:toolcall:<id>`: a replay reads it, never the registry."""
 
-    kind: Literal["read", "action", "agent"]
+    kind: Literal["read", "action", "agent", "timer"]
     status: Literal["auto_executed", "pending_approval", "failed"]
     error: str | None = None
 
@@ -286,3 +294,11 @@ class Answers(BaseModel):
 
     answers: dict[str, Any]
     actor: str | None = None
+
+
+class Woke(BaseModel):
+    """How a sleeping run woke (the `wait` tool's result): at its time, or early on a
+    message, and when."""
+
+    woke: Literal["time", "message"]
+    at: str  # ISO 8601, UTC

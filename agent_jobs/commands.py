@@ -65,6 +65,10 @@ class Wake(Protocol):
         """Runs were asked to pause at their next step boundary."""
         ...
 
+    def woken(self, run_id: str) -> None:
+        """A sleeping run was sent a message for its next step: it wakes now."""
+        ...
+
     def resumed(self, run_ids: Sequence[str]) -> None:
         """Paused runs may go on."""
         ...
@@ -112,8 +116,12 @@ class Commands:
             thread_id, next_run = post_message(
                 conn, self.app, run_or_thread, text, target=target, runner=self.wake.runner
             )
+            # A run asleep on a `wait` call wakes for its next step's message (timers.py).
+            active = session.active_run(conn, thread_id) if target == "next-step" else None
         if next_run is not None:
             self.wake.started(next_run)
+        if active is not None and active.status == "sleeping":
+            self.wake.woken(active.id)
         return thread_id
 
     def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:

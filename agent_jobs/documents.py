@@ -77,6 +77,7 @@ _KINDS: dict[str, StepKind] = {
     "approval": "approval",
     "answers": "answers",
     "delegation": "child",
+    "timer": "timer",
 }
 _PEOPLE = ("approval", "answers")
 # What an intent carries for the runner, not for a person reading it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 
@@ -346,6 +347,16 @@ class Cancelled(ControlFlowSignal):
     def __init__(self, cause: str) -> None:
         self.cause = cause
         super().__init__(cause)
+
+
+class Sleeping(ControlFlowSignal):
+    """The inline runner's turn sleeps on a `wait` call: its thread ends, and the runner's
+    one waiter for all its sleepers drives the run again when it wakes."""
+
+    def __init__(self, run_id: str, wake_at: datetime) -> None:
+        self.run_id = run_id
+        self.wake_at = wake_at
+        super().__init__(f"run {run_id} sleeps until {wake_at.isoformat()}")
 
 
 class RetryLater(ControlFlowSignal):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
-from . import prestep, session
+from . import prestep, session, timers
 from .app import AgentApp, AgentSpec
 from .checkpoints import (
     CallVerdict,
@@ -34,6 +34,7 @@ from .errors import ModelError, ToolError
 from .messages import Message, ModelRequest, ModelResponse, ModelSettings
 from .models.base import Model
 from .observability import diagnostics, observe
+from .settings import get_settings
 from .steps import (
     Intent,
     InvokeTool,
@@ -52,6 +53,7 @@ from .steps import (
 from .store import events as event_rows
 from .store import runs, threads, toolcalls
 from .store import usage as usage_store
+from .store.db import utcnow
 from .streams.base import RunStream
 from .tools import QuestionsAsked, ToolContext
 
@@ -175,11 +177,14 @@ def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) ->
     """Read the registry here, inside the checkpoint: a replay reads the verdict back."""
     call = intent.call
     app = env.app
-    kind = app.kind_of(call.name) or "read"
+    timer = timers.offers_wait(app.registry, intent.offered) and call.name == timers.WAIT
+    kind = "timer" if timer else app.kind_of(call.name) or "read"
     status: Any = "pending_approval" if kind == "action" else "auto_executed"
     error: str | None = None
     try:
-        if kind == "agent":
+        if timer:  # its wake time is fixed where the run goes to sleep; checked here
+            timers.wake_time(call.args, utcnow(), get_settings().max_sleep)
+        elif kind == "agent":
             if call.name not in intent.offered:
                 raise ToolError(f"agent {call.name!r} is not offered to this agent")
             task = call.args.get("task")

@@ -70,6 +70,15 @@ class AnswersWait:
 
 
 @dataclass(frozen=True)
+class TimerWait:
+    """The turn sleeps on a `wait` call (agent_jobs/timers.py) until its time or a
+    message to the run."""
+
+    run_id: str
+    call: ToolCall
+
+
+@dataclass(frozen=True)
 class Delegation:
     """Run another agent on `task` as a child of `run_id`."""
 
@@ -119,6 +128,9 @@ class LoopHooks:
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
         raise ApprovalError(f"run {wait.run_id} asks questions but nobody can answer them")
+
+    def await_timer(self, wait: TimerWait) -> dict[str, Any]:
+        raise ApprovalError(f"run {wait.run_id} asks to sleep but this runner cannot wake it")
 
     def run_agent(self, delegation: Delegation) -> DelegationOutcome:
         return DelegationOutcome(ok=False, error="this runner cannot delegate to other agents")

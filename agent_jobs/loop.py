@@ -27,6 +27,7 @@ from .checkpoints import (
     QuotaVerdict,
     ThreadSnapshot,
     ToolOutcome,
+    Woke,
 )
 from .errors import (
     MaxStepsExceededError,
@@ -44,6 +45,7 @@ from .hooks import (
     ParallelBlock,
     Patch,
     StepCall,
+    TimerWait,
 )
 from .messages import Message, ModelRequest, ModelResponse, ToolCall, args_sha256
 from .steps import (
@@ -335,6 +337,10 @@ class _Tools:
             return self.persist_failure(call, verdict.error or "the call was refused")
         if verdict.kind == "agent":
             return self.delegate(call)
+        if verdict.kind == "timer":  # the run sleeps; the result says how it woke
+            woke = Woke.model_validate(self.hooks.await_timer(TimerWait(self.turn.run_id, call)))
+            result = woke.model_dump()
+            return self.persist(call, "executed", content=_json(result), result=result)
         if verdict.kind == "action":
             wait = _approval_wait(self.turn.run_id, call, requested=requested)
             decision = self.hooks.await_approval(wait)

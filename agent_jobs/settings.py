@@ -117,6 +117,10 @@ class Settings(SettingsBase):
     # `catch_up="none"`: later, it was missed and is skipped).
     schedule_interval: float = Field(default=1.0, gt=0)
     schedule_grace: float = Field(default=60.0, ge=0)
+    # Sleeping runs (agent_jobs/timers.py): the longest a `wait` may sleep, in seconds, and
+    # how often beat looks in Postgres for the sleepers whose time comes next.
+    max_sleep: float = Field(default=7 * 86400.0, gt=0)
+    timer_interval: float = Field(default=1.0, gt=0)
     # Retention (agent_jobs/retention.py): with `prune_after_days` set, beat prunes every
     # `prune_interval` seconds the runs that ended that many days ago (their journals,
     # events, streams, delivered notifications), `prune_batch` runs a transaction, resting

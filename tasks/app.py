@@ -11,6 +11,7 @@ from kombu import Exchange, Queue
 from agent_jobs.dispatch import SWEEP, routing_config
 from agent_jobs.loading import load_app
 from agent_jobs.retention import PRUNE
+from agent_jobs.runners.durable import TIMERS
 from agent_jobs.schedules.tick import TASK as SCHEDULES
 from agent_jobs.settings import Settings, get_settings
 from agent_jobs.transport import transport_for, transport_options
@@ -76,6 +77,8 @@ def create_app(settings: Settings | None = None) -> Celery:
         worker_consumer="tasks.consumer:Consumer",
         beat_schedule={
             "agent-jobs-sweep": {"task": SWEEP, "schedule": settings.sweep_interval},
+            # Sleeping runs whose time comes before the next tick (agent_jobs/timers.py).
+            "agent-jobs-timers": {"task": TIMERS, "schedule": settings.timer_interval},
         },
     )
     if settings.prune_after_days is not None:  # retention is off unless asked for

@@ -19,7 +19,7 @@ from celery.exceptions import Retry
 from agent_jobs import retention
 from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, SWEEP
 from agent_jobs.errors import AgentJobsError, Deferred, RetryLater
-from agent_jobs.runners.durable import StepOutcome, summary, where
+from agent_jobs.runners.durable import TIMERS, StepOutcome, summary, where
 from agent_jobs.runs import RunRequest
 from agent_jobs.schedules import tick as schedule_tick
 from agent_jobs.streams.redis_streams import RedisStreams
@@ -123,6 +123,24 @@ def sweep(self: Task[Any, str]) -> str:
         took = time.monotonic() - started
         runner.eager_events.task_ran(
             SWEEP, str(self.request.id), result, received=received, runtime=took
+        )
+    return result
+
+
+# Beat runs the timers tick every AGENT_JOBS_TIMER_INTERVAL seconds (1 s): like the sweep,
+# it shows in Flower only when it woke a sleeping run.
+@shared_task(base=AgentJobsTask, name=TIMERS, bind=True, send_events=False)
+def timers(self: Task[Any, str]) -> str:
+    """Send the sleeping runs whose time comes before the next tick a pass due at their
+    time (Celery beat runs this)."""
+    received, started = time.time(), time.monotonic()
+    runner = runtime(self.app).runner
+    count = runner.wake_sleepers()
+    result = f"woke {count} sleeping runs"
+    if count and isinstance(runner.eager_events, ChainEvents):
+        took = time.monotonic() - started
+        runner.eager_events.task_ran(
+            TIMERS, str(self.request.id), result, received=received, runtime=took
         )
     return result
 

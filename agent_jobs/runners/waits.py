@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .. import checkpoints as names
+from .. import timers
 from ..approvals.deadlines import deadline_fields
 from ..approvals.record import decision_from_call
 from ..checkpoints import Answers, Decision
@@ -29,7 +30,9 @@ from ..store import toolcalls
 FrameSpec = tuple[str, dict[str, Any]]
 
 RESUMED: FrameSpec = ("status", {"status": "running"})
-PARKED: frozenset[str] = frozenset({"awaiting_approval", "awaiting_answers", "awaiting_reconcile"})
+PARKED: frozenset[str] = frozenset(
+    {"awaiting_approval", "awaiting_answers", "awaiting_reconcile", "sleeping"}
+)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,32 @@ def outcome_unknown(run_id: str, step: str, call: ToolCall) -> HumanWait:
             ),
         ),
     )
+
+
+def sleeping(call: ToolCall, wake_at: datetime) -> HumanWait:
+    """What a run that sleeps on `call` records and streams."""
+    when = timers.iso(wake_at)
+    reason = call.args.get("reason")
+    intent: dict[str, Any] = {"call_id": call.id, "tool": call.name, "wake_at": when}
+    timer: dict[str, Any] = {"call_id": call.id, "wake_at": when}
+    if isinstance(reason, str):
+        intent["reason"] = timer["reason"] = reason
+    return HumanWait(
+        step=names.timer(call.id),
+        status="sleeping",
+        label=timers.label(call.id, when),
+        intent=intent,
+        frames=(
+            ("status", {"status": "sleeping", "call_id": call.id, "wake_at": when}),
+            ("timer", timer),
+        ),
+    )
+
+
+def recorded_sleep(row_intent: Any, call: ToolCall) -> tuple[HumanWait, datetime]:
+    """The wait as its journal row recorded it, and its wake time."""
+    wake_at = timers.wake_at_of(row_intent)
+    return sleeping(call, wake_at), wake_at
 
 
 def waiting_label(tool: str, call_id: str) -> str:

@@ -164,3 +164,14 @@ def lock_thread(conn: Connection, thread_id: str) -> Any | None:
     of `agent_jobs.store.locks`."""
     locks.note(conn, locks.THREAD)
     return conn.execute(select(threads).where(threads.c.id == thread_id).with_for_update()).first()
+
+
+def of_threads(conn: Connection, thread_ids: Sequence[str], types: Sequence[str]) -> Sequence[Any]:
+    """The events of some types of several threads, each thread's oldest first."""
+    if not thread_ids:
+        return []
+    return conn.execute(
+        select(events)
+        .where(events.c.thread_id.in_(list(thread_ids)), events.c.type.in_(list(types)))
+        .order_by(events.c.thread_id, events.c.seq)
+    ).all()

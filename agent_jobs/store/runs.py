@@ -21,6 +21,7 @@ RunStatus = Literal[
     "awaiting_answers",
     "awaiting_reconcile",
     "paused",
+    "sleeping",
     "completed",
     "failed",
     "cancelled",
@@ -32,6 +33,7 @@ RUN_STATUSES: tuple[str, ...] = (
     "awaiting_answers",
     "awaiting_reconcile",
     "paused",
+    "sleeping",
     "completed",
     "failed",
     "cancelled",
@@ -228,6 +230,7 @@ _FINISH = (
         error=bindparam("b_error"),
         error_type=bindparam("b_error_type"),
         waiting_on=None,
+        wake_at=None,
         updated_at=bindparam("b_now"),
         finished_at=bindparam("b_now"),
     )

@@ -83,6 +83,9 @@ runs = Table(
     # unfinished by a process that is gone is ended by the next one that meets it
     # (agent_jobs/runners/inline/abandoned.py). Null for durable runs: recovery drives those.
     Column("driver", String(300), nullable=True),
+    # When a sleeping run wakes (its `wait` call's time, agent_jobs/timers.py): set while it
+    # sleeps, cleared when it wakes or ends. Beat's timers tick looks here for sleepers due.
+    Column("wake_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=True),
@@ -95,6 +98,13 @@ Index("ix_runs_agent_created", runs.c.agent, runs.c.created_at, runs.c.id)
 Index("ix_runs_actor_created", runs.c.actor, runs.c.created_at, runs.c.id)
 Index("ix_runs_thread_created", runs.c.thread_id, runs.c.created_at, runs.c.id)
 Index("ix_runs_root", runs.c.root_run_id)
+# The sleepers, by wake time: only runs that sleep are in it, so a tick is an index probe.
+Index(
+    "ix_runs_wake_at",
+    runs.c.wake_at,
+    postgresql_where=runs.c.wake_at.is_not(None),
+    sqlite_where=runs.c.wake_at.is_not(None),
+)
 # What a search (`q`) looks in: the run's id, input and metadata, as one text. On Postgres
 # a trigram index over it (pg_trgm) answers `ILIKE '%word%'`: SEARCH_INDEX, made by
 # migration 0008 where the extension can be had, over this very expression (the planner

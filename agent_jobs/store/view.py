@@ -31,6 +31,8 @@ class RunView(BaseModel):
     # Who asked the run to pause (`agent-jobs pause`): it stops at its next step boundary.
     pause_requested_by: str | None = None
     deadline: datetime | None = None
+    # When a sleeping run wakes (its `wait` call's time); None when it does not sleep.
+    wake_at: datetime | None = None
     runner: str
     parent_run_id: str | None = None
     root_run_id: str

@@ -11,11 +11,13 @@ from .recovery import give_up, recover_process
 from .replay import DurableHooks
 from .report import StepOutcome, summary, where
 from .runner import DurableRunner
+from .sleepers import TIMERS
 from .running import RUNNING, Running
 from .wake import DurableWake
 
 __all__ = [
     "RUNNING",
+    "TIMERS",
     "DurableHooks",
     "DurableRunner",
     "DurableWake",

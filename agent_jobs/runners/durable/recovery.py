@@ -26,6 +26,7 @@ from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import end_sessions_of, lock_not_available, utcnow, wait_for_locks_at_most
 from ...streams.base import RunStream, StreamBackend
+from . import sleepers
 from .replay import sent_as_journaled
 from .running import Running
 
@@ -192,10 +193,13 @@ class Runner(Protocol):
 
 
 def sweep(runner: Runner) -> int:
-    """The sweep: decide the approvals past their deadline, then re-drive the runs that
-    made no progress for a while; returns how many runs it re-drove (or woke)."""
+    """The sweep: decide the approvals past their deadline, wake the sleepers past their
+    time, then re-drive the runs that made no progress for a while; returns how many runs
+    it re-drove (or woke)."""
     woken = {found.run_id for found in expire_approvals(runner)}
-    return len(woken) + redrive_stale(
+    # The timers tick wakes sleepers on time; the sweep wakes any it missed (no tick ran).
+    woken_sleepers = sleepers.wake_due(runner.store, runner.dispatcher, 0.0)
+    return len(woken) + woken_sleepers + redrive_stale(
         runner.store, runner.leases, runner.dispatcher, runner.settings
     )
 

@@ -8,6 +8,7 @@ committed). A human wait is recorded `waiting` and the pass suspends on it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
+from ... import timers
 from ...approvals import deadlines
 from ...checkpoints import Decision, DelegationOutcome
 from ...dispatch import INVOKE_TOOL, MODEL_TURN
@@ -31,8 +33,10 @@ from ...hooks import (
     Patch,
     Settled,
     StepCall,
+    TimerWait,
     settle,
 )
+from ...messages import ToolCall
 from ...observability import observe
 from ...steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
 from ...store import RunView, model_requests
@@ -128,10 +132,11 @@ class DurableHooks(LoopHooks):
         # (step, whole intent) of the last model step this process scheduled, if known.
         self.known_model: tuple[str, Any] | None = None
 
-    def _suspend(self, signal: Suspend) -> None:
+    def _suspend(self, signal: Suspend, *, keep: bool = True) -> None:
         """Suspend the pass: raise `signal`, or, for a loop that outlives its pass, park
-        until a later pass resumes it (then the caller looks at its step again)."""
-        if self.sticky is None or self.cursor.in_block:
+        until a later pass resumes it (then the caller looks at its step again). With
+        `keep=False` (a sleeping run: nothing of it stays in a worker) it is raised."""
+        if self.sticky is None or self.cursor.in_block or not keep:
             raise signal
         self.sticky.park(signal)
 
@@ -366,6 +371,57 @@ class DurableHooks(LoopHooks):
         self.resumed = True
         kind, fields = waits.RESUMED
         self.env.emit_after_commit(kind, **fields)
+
+    def await_timer(self, wait: TimerWait) -> dict[str, Any]:
+        """Sleep on a `wait` call (agent_jobs/timers.py): record its `timer:` row with the
+        wake time and suspend, holding nothing; a pass that finds its time come (beat's
+        timers tick sends it) or a message for the next step posted wakes it here."""
+        call = wait.call
+        step = names.timer(call.id)
+        row = self._recorded(step)
+        if row is None:
+            now = utcnow()
+            # Its bound was checked with the call (`persist:toolcall:`): not again here.
+            wake_at = timers.wake_time(call.args, now, math.inf)
+            described = waits.sleeping(call, wake_at)
+            result = timers.woke(self.conn, self.run, wake_at, now)
+            self._record(step, "waiting" if result is None else "done", described.intent, result)
+            self._announce(described)
+            if result is not None:  # nothing to sleep for
+                kind, fields = waits.RESUMED
+                self.env.emit_after_commit(kind, **fields)
+                return result
+            timers.start(self.conn, self.run.run_id, wake_at)
+            row = self.by_name[step]
+        elif row.state == "done":  # woke in an earlier pass
+            done: dict[str, Any] = row.result
+            return done
+        else:
+            described, wake_at = self._asleep(step, call)
+        while row.state != "done" and not self._woke(step, wake_at):
+            self._suspend(self._wait(described.label, described.status), keep=False)
+            row = self.by_name[step]
+        self._resumed(described)
+        result = self.by_name[step].result
+        assert isinstance(result, dict)
+        return result
+
+    def _asleep(self, step: str, call: ToolCall) -> tuple[waits.HumanWait, datetime]:
+        """A recorded timer row's wait and wake time (its intent keeps it)."""
+        found = journal_rows.get(self.conn, self.run.run_id, step)
+        return waits.recorded_sleep(found.intent if found is not None else None, call)
+
+    def _woke(self, step: str, wake_at: datetime) -> bool:
+        """Whether the sleeping run wakes in this pass (its time came, or a message), under
+        the run's lock; if so its row is done."""
+        if any(row["step"] == step for row in self.new_rows):
+            return False  # it went to sleep in this very pass
+        result = timers.woke(self.conn, self.run, wake_at, utcnow())
+        if result is None:
+            return False
+        timers.settle(self.conn, self.run.run_id, step, result)
+        self.cursor.put(Marker(step, self.by_name[step].seq, "done", result))
+        return True
 
     def run_agent(self, delegation: Delegation) -> DelegationOutcome:
         """Start the delegated agent as a child run; the parent waits until it ends."""

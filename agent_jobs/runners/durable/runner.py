@@ -41,7 +41,7 @@ from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...store.journal import JournalRowWithRun
 from ...streams.base import RunStream, StreamBackend
-from . import journal_cache, recovery
+from . import journal_cache, recovery, sleepers
 from .completion import Completion, model_failed
 from .delivery import Delivery
 from .kept import Kept, give_back
@@ -298,6 +298,12 @@ class DurableRunner:
         )
 
     # --- recovery ----------------------------------------------------------------------
+
+    def wake_sleepers(self) -> int:
+        """Beat's timers tick: send a pass, due at its time, to each sleeping run whose
+        time comes before the next tick (runners/durable/sleepers.py); returns how many."""
+        ahead = self.settings.timer_interval * 1.2  # a tick a little late finds them still
+        return sleepers.wake_due(self.store, self.dispatcher, ahead)
 
     def sweep(self) -> int:
         """Decide the approvals past their deadline, re-drive the runs that made no

@@ -72,6 +72,9 @@ class DurableWake:
     def decided(self, run_id: str, key: str, value: Any) -> None:
         self.wake(run_id, DECIDED)
 
+    def woken(self, run_id: str) -> None:
+        self.wake(run_id, DECIDED)
+
     def paused(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
             self.wake(run_id, CONTROL_RECORDED)

@@ -13,6 +13,7 @@ runs, numbered after its last row.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -21,9 +22,10 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from ... import checkpoints as names
+from ... import timers
 from ...app import AgentApp
 from ...checkpoints import Decision, DelegationOutcome
-from ...errors import ModelError
+from ...errors import ModelError, Sleeping
 from ...executor import StepEnv, execute_local, execute_remote
 from ...hooks import (
     AnswersWait,
@@ -35,6 +37,7 @@ from ...hooks import (
     Patch,
     Settled,
     StepCall,
+    TimerWait,
     settle,
 )
 from ...observability import genai, observe
@@ -43,8 +46,10 @@ from ...settings import Settings
 from ...steps import ModelTurn, dump
 from ...store import RunView, Store
 from ...store import journal as journal_rows
+from ...store import runs as run_rows
 from ...store.db import utcnow
 from ...streams.base import RunStream
+from .. import waits
 from ..cursor import JournalCursor, Marker
 from ..turn import ask_waterfall, create_child, delegation_intent, delegation_outcome
 from .boundary import Boundary
@@ -106,6 +111,48 @@ class InlineHooks(LoopHooks):
 
     def await_answers(self, wait: AnswersWait) -> dict[str, Any]:
         return self.humans.await_answers(wait)
+
+    def await_timer(self, wait: TimerWait) -> dict[str, Any]:
+        """Sleep on a `wait` call (agent_jobs/timers.py): record it, then wake now (its time
+        came, or a message for the next step did) or end this thread with `Sleeping`; the
+        runner's waiter drives the run again, and this is asked again."""
+        call, run_id, store = wait.call, wait.run_id, self.store
+        step = names.timer(call.id)
+        slot = self.cursor.take(step)
+        if (journaled := self.cursor.done(step, slot.row)) is not None:
+            result: dict[str, Any] = journaled.result
+            return result
+        self.boundary.check(run_id)  # a sleeper driven again for a cancel or a pause
+        if slot.row is None:
+            # Its bound was checked with the call (`persist:toolcall:`): not again here.
+            described = waits.sleeping(call, timers.wake_time(call.args, utcnow(), math.inf))
+            with store.begin() as conn:
+                journal_rows.insert_pending(
+                    conn,
+                    run_id=run_id,
+                    step=step,
+                    seq=slot.seq,
+                    intent=described.intent,
+                    state="waiting",
+                )
+            self.cursor.put(Marker(step, slot.seq, "waiting", None))
+            self.stream.emit_many(list(described.frames))
+        with store.begin() as conn:
+            run = RunView.from_row(run_rows.lock_run(conn, run_id, touch=True))
+            found = journal_rows.get(conn, run_id, step)
+            described, wake_at = waits.recorded_sleep(found.intent if found else None, call)
+            woke = timers.woke(conn, run, wake_at, utcnow())
+            if woke is not None:
+                timers.settle(conn, run_id, step, woke)
+                run_rows.set_status(conn, run_id, "running")
+            else:
+                timers.start(conn, run_id, wake_at)
+                run_rows.set_status(conn, run_id, "sleeping", waiting_on=described.label)
+        if woke is None:
+            raise Sleeping(run_id, wake_at)
+        self.cursor.put(Marker(step, slot.seq, "done", woke))
+        self.stream.emit_many([waits.RESUMED])
+        return woke
 
     def _env(self, step: str | None = None, attempt: int = 1) -> StepEnv:
         """Each step (and each parallel task) gets its own env: buffers never cross

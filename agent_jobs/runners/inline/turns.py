@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 
 from ...app import AgentApp
-from ...errors import AgentJobsError, Cancelled
+from ...errors import AgentJobsError, Cancelled, Sleeping
 from ...executor import StepEnv
 from ...loop import run_agent_loop
 from ...processes import this_process
@@ -23,6 +24,7 @@ from .boundary import Boundary
 from .hooks import InlineHooks
 from .queue import QueuedRuns
 from .signals import Signals
+from .sleepers import Sleepers
 from .stops import Stops
 
 log = logging.getLogger(__name__)
@@ -57,15 +59,22 @@ class Turns:
         self.poll_interval = poll_interval
         self._lock = threading.Lock()
         self._finished: dict[str, threading.Event] = {}
+        # The runs that sleep, with no thread: one waiter drives them again.
+        self.sleepers = Sleepers(store, partial(self.drive, woken=True), poll_interval)
 
-    def drive(self, run_id: str) -> None:
+    def drive(self, run_id: str, *, woken: bool = False) -> None:
         """Drive the run on a thread of its own, from its start (a retried run's journal
-        read back)."""
-        done = threading.Event()
+        read back). `woken`: a sleeping run driven again, whose turn began before (a
+        `wait` for it goes on waiting for the same end)."""
         with self._lock:
-            self._finished[run_id] = done
+            done = self._finished.get(run_id) if woken else None
+            if done is None:
+                done = self._finished[run_id] = threading.Event()
         threading.Thread(
-            target=self._background, args=(run_id, done), name=f"run-{run_id[:8]}", daemon=True
+            target=self._background,
+            args=(run_id, done, woken),
+            name=f"run-{run_id[:8]}",
+            daemon=True,
         ).start()
 
     def wait(self, run_id: str, timeout: float | None = None) -> None:
@@ -94,14 +103,16 @@ class Turns:
         """A delegated run's turn, on its parent's thread; its frames in its root's stream."""
         self.turn(child, RunStream(self.streams, child.root_run_id, child.run_id))
 
-    def turn(self, run: RunView, stream: RunStream) -> str | None:
+    def turn(self, run: RunView, stream: RunStream, *, woken: bool = False) -> str | None:
         """The run's turn, from its start to its recorded end; returns the thread's next
-        run, if one follows."""
+        run, if one follows. `woken`: a sleeping run's turn, driven again (it began
+        before); `Sleeping` when it sleeps (its thread ends, the run does not)."""
         hooks = self._hooks(run, stream)
         env = StepEnv(app=self.app, stream=stream)
         with self.store.begin() as conn:
             run_rows.set_driver(conn, [run.run_id], this_process())  # retried, forked, delegated
-            start_turn(env, run, conn)
+            if not woken:
+                start_turn(env, run, conn)
             env.flush_events(conn)
         env.flush()
         try:
@@ -137,20 +148,26 @@ class Turns:
             nested=self.nested,
         )
 
-    def _background(self, run_id: str, done: threading.Event) -> None:
+    def _background(self, run_id: str, done: threading.Event, woken: bool = False) -> None:
         next_run: str | None = None
+        asleep: Sleeping | None = None
         try:
             run = self.store.get_run(run_id)
             stream = RunStream(self.streams, run.root_run_id, run_id)
             try:  # a queued run waits for its thread's turn, or a place of its key
                 began = self.queued.admitted(run, stream) if run.status == "queued" else run
-                next_run = self.turn(began, stream) if began is not None else None
+                next_run = self.turn(began, stream, woken=woken) if began is not None else None
+            except Sleeping as signal:  # no thread while it sleeps: the waiter wakes it
+                asleep = signal
             finally:
-                if run.root_run_id == run_id:
+                if run.root_run_id == run_id and asleep is None:
                     stream.end()
         finally:
-            done.set()
-            self._forget(run_id, done)
-            self.queued.nudge()  # this one ended: a run waiting here may begin
+            if asleep is None:
+                done.set()
+                self._forget(run_id, done)
+                self.queued.nudge()  # this one ended: a run waiting here may begin
+        if asleep is not None:
+            self.sleepers.add(asleep.run_id, run_id, asleep.wake_at)
         if next_run is not None:
             self.drive(next_run)

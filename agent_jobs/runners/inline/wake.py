@@ -84,15 +84,23 @@ class InlineWake:
 
     def stopping(self, run_ids: Sequence[str]) -> None:
         self.stops.stopping(run_ids)
+        self.turns.sleepers.poke(run_ids)
 
     def cancelled(self, run_id: str, affected: list[str]) -> list[str]:
-        return self.stops.cancelled(run_id, affected)
+        stopped = self.stops.cancelled(run_id, affected)
+        self.turns.sleepers.poke([run_id, *affected])
+        return stopped
+
+    def woken(self, run_id: str) -> None:
+        self.turns.sleepers.poke([run_id])
 
     def decided(self, run_id: str, key: str, value: Any) -> None:
         self.signals.release(run_id, key, value)
 
     def paused(self, run_ids: Sequence[str]) -> None:
-        """Nothing to do: the turn pauses at its next step boundary, where it looks."""
+        """The turn pauses at its next step boundary, where it looks; a sleeping run is
+        driven to it now."""
+        self.turns.sleepers.poke(run_ids)
 
     def resumed(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
