@@ -42,6 +42,7 @@ MODULES: dict[str, str] = {
     "tests/durable/test_broker_outage.py": "crash",
     "tests/durable/test_time_limits.py": "crash",
     "tests/durable/test_eager.py": "crash",
+    "tests/durable/test_sleeping.py": "crash",
     "tests/humans/test_reconcile.py": "crash",
     "tests/runs/test_abandoned.py": "crash",
     "tests/models/test_durable_e2e.py::"

@@ -22,6 +22,7 @@ from tests.support.apps import delegation
 from tests.support.apps import history
 from tests.support.apps import faults
 from tests.support.apps import deadlines
+from tests.support.apps import timers
 
 # isort: on
 from tests.support.apps.base import (
