@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
-from . import controls, session
+from . import controls, session, timers
 from .app import AgentApp
 from .approvals.reconcile import Reconciliation, Recorded, record_reconciliation
 from .approvals.record import record_answers, record_decision
@@ -113,15 +113,15 @@ class Commands:
         """Queue a message on a thread's inbox (by run or thread id); returns the thread.
         A `next-turn` message to an idle thread starts its next turn at once."""
         with self.store.begin() as conn:
+            # A run asleep on a `wait` call wakes for its next step's message (timers.py).
+            sleeper = timers.sleeper(conn, run_or_thread) if target == "next-step" else None
             thread_id, next_run = post_message(
                 conn, self.app, run_or_thread, text, target=target, runner=self.wake.runner
             )
-            # A run asleep on a `wait` call wakes for its next step's message (timers.py).
-            active = session.active_run(conn, thread_id) if target == "next-step" else None
         if next_run is not None:
             self.wake.started(next_run)
-        if active is not None and active.status == "sleeping":
-            self.wake.woken(active.id)
+        if sleeper is not None:
+            self.wake.woken(sleeper)
         return thread_id
 
     def cancel(self, run_id: str, cause: str = "user", *, keep_inbox: bool = False) -> list[str]:

@@ -29,6 +29,7 @@ from .errors import ToolError
 from .messages import ToolSpec
 from .store import RunView
 from .store import journal as journal_rows
+from .store import runs as run_rows
 from .store import timers as timer_rows
 
 WAIT = "wait"
@@ -148,3 +149,16 @@ def settle(conn: Connection, run_id: str, step: str, result: dict[str, Any]) -> 
 def start(conn: Connection, run_id: str, wake_at: datetime) -> None:
     """The run sleeps until `wake_at` (its status is set where it parks)."""
     timer_rows.set_wake(conn, run_id, wake_at)
+
+
+def sleeper(conn: Connection, run_or_thread: str) -> str | None:
+    """The thread's run that a message for its next step, posted in this transaction,
+    must wake: its row is locked first, so a pass putting it to sleep either ends before
+    (the run is read `sleeping` here) or reads the message (and does not sleep)."""
+    found = run_rows.get_run(conn, run_or_thread)
+    thread_id = found.thread_id if found is not None else run_or_thread
+    active = run_rows.active_run(conn, thread_id)
+    if active is None or active.status not in ("running", "sleeping"):
+        return None
+    locked = run_rows.lock_run(conn, active.id)
+    return active.id if locked is not None and locked.status == "sleeping" else None

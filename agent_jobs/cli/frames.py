@@ -358,6 +358,11 @@ def _line(frame: Frame) -> Text | None:
         ask = f"agent-jobs reconcile {frame.get('run_id', '')} {frame.get('call_id', '')} "
         ask += "(--succeeded JSON | --failed MESSAGE | --retry)"
         return Text(visible(f"{said}: {ask}"), style="yellow")
+    if kind == "timer":
+        said = f"… sleeping until {visible(frame.get('wake_at', ''))}"
+        if frame.get("reason"):
+            said += f" ({visible(frame.get('reason'))})"
+        return Text(said + "; a message wakes it sooner", style="dim")
     if kind == "error":
         failed = f"run failed ({frame.get('error_type')}): {frame.get('error')}"
         return Text(visible(failed), style="red")

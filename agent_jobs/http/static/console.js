@@ -14,6 +14,7 @@ export const STATUSES = [
   "awaiting_answers",
   "awaiting_reconcile",
   "paused",
+  "sleeping",
   "completed",
   "failed",
   "cancelled",

@@ -296,6 +296,8 @@ function renderFacts(doc) {
   fact(facts, "thread", el("code", "thread", doc.thread_id));
   if (doc.parent_run_id) fact(facts, "delegated by", runLink(doc.parent_run_id));
   if (doc.waiting_on) fact(facts, "waiting on", el("span", "waiting-on", doc.waiting_on));
+  // A sleeping run (the `wait` tool): when it wakes, unless a message wakes it first.
+  if (doc.wake_at) fact(facts, "wakes", clock(doc.wake_at));
   fact(facts, "created", clock(doc.created_at), " (", when(doc.created_at), ")");
   if (doc.finished_at) {
     fact(facts, "finished", clock(doc.finished_at));

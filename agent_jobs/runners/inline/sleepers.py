@@ -1,4 +1,5 @@
-"""The inline runner's sleeping runs: one waiter thread for all of them, none per run.
+"""The inline runner's sleeping runs: one waiter thread for all of them, none per run
+(and none at all while nothing sleeps).
 
 A turn that sleeps on a `wait` call (agent_jobs/timers.py) records it and ends its thread
 (`Sleeping`); the run is kept here with its wake time. The waiter drives it again (from
@@ -68,6 +69,9 @@ class Sleepers:
         looked = 0.0
         while True:
             with self._cond:
+                if not self._asleep:  # none left: the thread ends, `add` starts another
+                    self._thread = None
+                    return
                 self._cond.wait(self._timeout())
                 due = self._due()
             now = utcnow().timestamp()
