@@ -22,7 +22,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from . import checkpoints as names
 from . import session
 from .checkpoints import Woke
 from .errors import ToolError
@@ -76,7 +75,7 @@ def wake_time(args: dict[str, Any], now: datetime, max_sleep: float) -> datetime
     if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
         raise ToolError(f"wait's `reason` is a string of at most {MAX_REASON} characters")
     if ("seconds" in args) == ("until" in args):
-        raise ToolError('wait takes one of `seconds` (a number) or `until` (an ISO 8601 time)')
+        raise ToolError("wait takes one of `seconds` (a number) or `until` (an ISO 8601 time)")
     if "seconds" in args:
         seconds = args["seconds"]
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):

@@ -84,9 +84,7 @@ def lateness(store: Store, run_id: str) -> float:
 def precision(client: Client, store: Store, timers: int) -> dict[str, Any]:
     seconds = [3 + 10 * i / max(1, timers - 1) for i in range(timers)]
     run_ids = [client.enqueue_run("sleeper", json.dumps({"seconds": s})) for s in seconds]
-    wait_for(
-        lambda: all(store.get_run(r).finished for r in run_ids), 120 + timers, "the timers"
-    )
+    wait_for(lambda: all(store.get_run(r).finished for r in run_ids), 120 + timers, "the timers")
     late = [lateness(store, run_id) for run_id in run_ids]
     return {
         "timers": timers,
@@ -212,7 +210,8 @@ def report(f: dict[str, Any]) -> None:
         print(
             f"{who}, {w['seconds']:.0f} s quiet: {w['redis_commands']} Redis commands "
             f"({', '.join(f'{k} {v}' for k, v in list(w['redis_by_command'].items())[:6])}); "
-            f"{w['redis_keys']} keys ({keys_text(w['redis_keys_by_kind'])}), queue {w['queue_length']}, unacked {w['unacked']}; "
+            f"{w['redis_keys']} keys ({keys_text(w['redis_keys_by_kind'])}), "
+            f"queue {w['queue_length']}, unacked {w['unacked']}; "
             f"worker tasks {w['worker_tasks']}; worker RSS {w['worker_rss_mb']} MB"
         )
     print(

@@ -103,9 +103,7 @@ def test_a_sleeper_wakes_on_time_after_its_worker_beat_and_broker_lost_everythin
 def test_sleepers_hold_no_worker_and_no_broker_message(cluster: Cluster) -> None:
     cluster.worker(concurrency=2)
     cluster.beat()
-    run_ids = [
-        cluster.client.enqueue_run("sleeper", sleep_input(seconds=3600)) for _ in range(30)
-    ]
+    run_ids = [cluster.client.enqueue_run("sleeper", sleep_input(seconds=3600)) for _ in range(30)]
     for run_id in run_ids:
         asleep(cluster, run_id)
     broker = redis.Redis.from_url(cluster.broker)

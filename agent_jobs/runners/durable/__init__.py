@@ -11,8 +11,8 @@ from .recovery import give_up, recover_process
 from .replay import DurableHooks
 from .report import StepOutcome, summary, where
 from .runner import DurableRunner
-from .sleepers import TIMERS
 from .running import RUNNING, Running
+from .sleepers import TIMERS
 from .wake import DurableWake
 
 __all__ = [

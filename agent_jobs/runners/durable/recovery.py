@@ -199,8 +199,10 @@ def sweep(runner: Runner) -> int:
     woken = {found.run_id for found in expire_approvals(runner)}
     # The timers tick wakes sleepers on time; the sweep wakes any it missed (no tick ran).
     woken_sleepers = sleepers.wake_due(runner.store, runner.dispatcher, 0.0)
-    return len(woken) + woken_sleepers + redrive_stale(
-        runner.store, runner.leases, runner.dispatcher, runner.settings
+    return (
+        len(woken)
+        + woken_sleepers
+        + redrive_stale(runner.store, runner.leases, runner.dispatcher, runner.settings)
     )
 
 

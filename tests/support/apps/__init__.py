@@ -106,6 +106,7 @@ __all__ = [
     "side_engine",
     "slow",
     "stubborn_loop",
+    "timers",
     "together",
     "track",
     "until_opened",
