@@ -157,3 +157,19 @@ def test_a_paused_sleeper_stays_paused_past_its_time_and_wakes_once_resumed(
     assert run.status == "completed"
     how, at, _ = woke(cluster, run_id)
     assert how == "time" and at >= resumed  # woken by the resume, its time long past
+
+
+def test_a_delegated_run_sleeps_and_a_message_to_it_wakes_it(cluster: Cluster) -> None:
+    cluster.worker()
+    cluster.beat()
+    parent = cluster.client.enqueue_run("sleeper_boss", "delegate")
+    child = eventually(
+        lambda: next((r for r in cluster.store.list_runs() if r.parent_run_id == parent), None),
+        what="the delegated run",
+    )
+    asleep(cluster, child.run_id)
+    cluster.client.post_message(child.run_id, "wake, child")
+    assert cluster.wait(parent).status == "completed"
+    done = cluster.store.get_run(child.run_id)
+    assert json.loads(done.output or "")["messages"] == ["wake, child"]
+    assert woke(cluster, child.run_id)[0] == "message"

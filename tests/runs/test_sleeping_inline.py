@@ -176,3 +176,18 @@ def test_a_fork_at_the_wait_sleeps_again_and_one_after_it_does_not(
     after = runner.fork(run_id, f"persist:toolexec:{NAP}", actor="ops")
     assert runner.wait(after.run_id, timeout=60).status == "completed"
     assert timer(runner, after.run_id)["result"] == timer(runner, run_id)["result"]
+
+
+def test_a_delegated_run_sleeps_and_a_message_to_it_wakes_it(runner: InlineRunner) -> None:
+    parent = runner.start("sleeper_boss", "delegate")
+    child = eventually(
+        lambda: next((r for r in runner.store.list_runs() if r.parent_run_id == parent), None),
+        what="the delegated run",
+    )
+    asleep(runner, child.run_id)
+    eventually(lambda: not run_threads(), what="no thread left while the child sleeps")
+    runner.post_message(child.run_id, "wake, child")
+    assert runner.wait(parent, timeout=60).status == "completed"
+    done = runner.store.get_run(child.run_id)
+    assert json.loads(done.output or "")["messages"] == ["wake, child"]
+    assert timer(runner, child.run_id)["result"]["woke"] == "message"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from agent_jobs import ScriptedModel
 from agent_jobs.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from agent_jobs.models.base import DeltaSink
 from tests.support.apps.base import app
@@ -33,3 +34,16 @@ class SleepyModel:
 
 
 app.agent("sleeper", model=SleepyModel(), timers=True, max_steps=4)
+
+
+# Delegates to the sleeper, whose task (the sleeper's input) says how long it sleeps.
+app.agent(
+    "sleeper_boss",
+    model=ScriptedModel(
+        [
+            {"tool_calls": [{"name": "sleeper", "args": {"task": '{"seconds": 3600}'}}]},
+            {"text": "the sleeper answered"},
+        ]
+    ),
+    tools=["sleeper"],
+)
