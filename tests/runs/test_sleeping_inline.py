@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from agent_jobs import InlineRunner
+from agent_jobs import InlineRunner, retention
 from agent_jobs.documents import run_document, steps_document
+from agent_jobs.errors import ControlRefusedError
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.store.db import utcnow
@@ -191,3 +192,16 @@ def test_a_delegated_run_sleeps_and_a_message_to_it_wakes_it(runner: InlineRunne
     done = runner.store.get_run(child.run_id)
     assert json.loads(done.output or "")["messages"] == ["wake, child"]
     assert timer(runner, child.run_id)["result"]["woke"] == "message"
+
+
+def test_retry_refuses_a_sleeper_and_prune_leaves_it(runner: InlineRunner) -> None:
+    run_id = start(runner, seconds=3600)
+    asleep(runner, run_id)
+    with pytest.raises(ControlRefusedError):
+        runner.retry(run_id, actor="ops")
+    later = utcnow() + timedelta(days=2)  # as if it had slept for days
+    report = retention.prune(runner.store, older_than=1, now=later)
+    assert report.runs == 0
+    assert retention.pruned(runner.store, run_id) is None
+    assert runner.store.get_run(run_id).status == "sleeping"
+    assert len(runner.store.journal(run_id)) > 0
