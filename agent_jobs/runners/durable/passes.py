@@ -201,9 +201,11 @@ class Pass:
 
     def _remember(self) -> None:
         """Keep the journal as this pass knows it (and its model steps' whole intents) for
-        the run's next pass here; forget the run once it has ended."""
+        the run's next pass here; forget the run once it has ended or sleeps."""
         cache, run, hooks = self.runner.journal_cache, self.run, self.hooks
-        if self.ending is not None:
+        # A run that ended, or went to sleep: nothing of it is kept in this worker (a
+        # sleeper's next pass may be hours away, in any process).
+        if self.ending is not None or (hooks is not None and hooks.parked.status == "sleeping"):
             cache.drop(run.run_id, run.created_at)
             self.runner.loops.drop(run.run_id)
             return
