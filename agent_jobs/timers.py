@@ -155,6 +155,7 @@ def sleeper(conn: Connection, run_or_thread: str) -> str | None:
     must wake: its row is locked first, so a pass putting it to sleep either ends before
     (the run is read `sleeping` here) or reads the message (and does not sleep)."""
     found = run_rows.get_run(conn, run_or_thread)
+    active: Any
     if found is not None and found.parent_run_id is not None:
         active = found  # a delegated run, on a thread of its own
     else:
