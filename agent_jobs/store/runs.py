@@ -12,7 +12,7 @@ from ..checkpoints import HUMAN_WAITS
 from ..notify import outbox as notices
 from . import driver, locks, places
 from .db import insert_unless_exists, utcnow
-from .schema import journal, runs, tool_calls, usage
+from .schema import events, journal, runs, tool_calls, usage
 
 RunStatus = Literal[
     "queued",
@@ -414,6 +414,8 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
     - parked (awaiting approval or answers), not updated since `cutoff`, with an
       `approval:*` or `answers:*` journal row done after the run's last update (the
       decision or the answers arrived, the wake-up did not);
+    - sleeping, not updated since `cutoff`, with a message posted to its thread since
+      (the wake-up was lost: the pass wakes it if the message is for its next step);
     - awaiting reconciliation, not updated since `cutoff`, with no `tool:*` row waiting
       (a person decided the call's outcome, or had it run again; the wake-up or the
       step's send did not arrive);
@@ -429,6 +431,13 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
         journal.c.state == "done",
         journal.c.finished_at > runs.c.updated_at,
     )
+    # A message posted to a sleeper since its last pass (`session.SPLICED`): the wake the
+    # command sent was lost, or a process without the broker posted it.
+    message_waiting = exists().where(
+        events.c.thread_id == runs.c.thread_id,
+        events.c.type == "agent/inbox/spliced",
+        events.c.created_at > runs.c.updated_at,
+    )
     reconcile_waiting = exists().where(
         journal.c.run_id == runs.c.id,
         journal.c.step.startswith("tool:"),
@@ -441,6 +450,7 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
             and_(runs.c.status == "queued", ~places.queued_behind()),
             and_(runs.c.status.in_(("awaiting_approval", "awaiting_answers")), decided_waiting),
             and_(runs.c.status == "awaiting_reconcile", ~reconcile_waiting),
+            and_(runs.c.status == "sleeping", message_waiting),
             and_(runs.c.cancel_cause.is_not(None), runs.c.status.not_in(TERMINAL)),
         ),
     )

@@ -11,7 +11,9 @@ from typing import Any
 
 import redis
 
+from agent_jobs.runs import post_message
 from agent_jobs.store.db import utcnow
+from tests.support import apps
 from tests.support.apps.timers import NAP
 from tests.support.cluster import Cluster
 from tests.support.services import SESSION_QUEUE
@@ -173,3 +175,17 @@ def test_a_delegated_run_sleeps_and_a_message_to_it_wakes_it(cluster: Cluster) -
     done = cluster.store.get_run(child.run_id)
     assert json.loads(done.output or "")["messages"] == ["wake, child"]
     assert woke(cluster, child.run_id)[0] == "message"
+
+
+def test_the_sweep_wakes_a_sleeper_whose_message_came_with_no_wake(cluster: Cluster) -> None:
+    cluster.worker()
+    cluster.beat()
+    run_id = cluster.client.enqueue_run("sleeper", sleep_input(seconds=3600))
+    asleep(cluster, run_id)
+    # Recorded, and no wake sent (a broker down, a process with none): the sweep sees it.
+    with cluster.store.begin() as conn:
+        post_message(conn, apps.app, run_id, "no wake", target="next-step", runner="durable")
+    run = cluster.wait(run_id)
+    assert run.status == "completed"
+    assert json.loads(run.output or "")["messages"] == ["no wake"]
+    assert woke(cluster, run_id)[0] == "message"
