@@ -24,12 +24,15 @@ def clear_wake(conn: Connection, run_id: str) -> None:
     )
 
 
-def due(conn: Connection, until: datetime, limit: int = 500) -> list[tuple[str, datetime]]:
-    """The sleeping runs whose time comes by `until`, earliest first: (run id, wake_at).
-    A paused sleeper keeps its time but is not among them: it wakes once resumed."""
+def due(
+    conn: Connection, until: datetime, limit: int = 500, runner: str = "durable"
+) -> list[tuple[str, datetime]]:
+    """The sleeping runs of `runner` whose time comes by `until`, earliest first: (run id,
+    wake_at). A paused sleeper keeps its time but is not among them: it wakes once
+    resumed. An inline runner's sleepers are its own process's to wake."""
     rows = conn.execute(
         select(runs.c.id, runs.c.wake_at)
-        .where(runs.c.wake_at <= until, runs.c.status == "sleeping")
+        .where(runs.c.wake_at <= until, runs.c.status == "sleeping", runs.c.runner == runner)
         .order_by(runs.c.wake_at)
         .limit(limit)
     ).all()
