@@ -450,7 +450,7 @@ def stale_run_ids(conn: Connection, *, cutoff: datetime, now: datetime | None = 
             and_(runs.c.status == "queued", ~places.queued_behind()),
             and_(runs.c.status.in_(("awaiting_approval", "awaiting_answers")), decided_waiting),
             and_(runs.c.status == "awaiting_reconcile", ~reconcile_waiting),
-            and_(runs.c.status == "sleeping", message_waiting),
+            and_(runs.c.status == "sleeping", runs.c.runner == "durable", message_waiting),
             and_(runs.c.cancel_cause.is_not(None), runs.c.status.not_in(TERMINAL)),
         ),
     )
