@@ -85,7 +85,8 @@ def test_a_sleeper_wakes_on_time_after_its_worker_beat_and_broker_lost_everythin
     cluster: Cluster,
 ) -> None:
     worker, beat = cluster.worker(), cluster.beat()
-    run_id = cluster.client.enqueue_run("sleeper", sleep_input(seconds=6))
+    # Long enough for the processes to come back (and warm up) before it, on a busy machine.
+    run_id = cluster.client.enqueue_run("sleeper", sleep_input(seconds=10))
     wake_at = asleep(cluster, run_id)
     worker.kill()
     beat.kill()
