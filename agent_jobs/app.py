@@ -9,6 +9,7 @@ from typing import Any, TypeVar, overload
 from .admission import Concurrency, KeyFunction, concurrency
 from .errors import ConfigurationError, ScheduleError, UnknownAgentError
 from .history import SlidingWindowHistory
+from .mcp.servers import McpServer, McpTool
 from .messages import ModelSettings, ToolSpec
 from .models.base import Model
 from .prestep import PreStepListener
@@ -97,6 +98,7 @@ class AgentApp:
         self.pre_step_listeners: list[PreStepListener] = []
         self.request_error_chain: list[RequestErrorMiddleware] = []
         self.schedules: dict[str, Schedule] = {}
+        self.mcp_servers: dict[str, McpServer] = {}
         self._quota = quota
 
     # --- definitions -----------------------------------------------------------------
@@ -167,6 +169,51 @@ class AgentApp:
             return handler
 
         return register(fn) if fn is not None else register
+
+    def mcp(
+        self,
+        name: str,
+        *,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        kinds: Mapping[str, str] | None = None,
+        approvers: Iterable[str] | None = None,
+        roles: Iterable[str] | None = None,
+        idempotent: bool | None = None,
+        timeout: float | None = None,
+    ) -> McpServer:
+        """Take tools from an MCP server: `command=[...]` (and `env`) starts it over
+        stdio, `url=` (and `headers`) reaches it over streamable HTTP. Its tools are
+        `<name>.<tool>`; an agent names them one by one or as `<name>.*`. A tool whose
+        annotations say `readOnlyHint: true` is a read, any other an action, unless
+        `kinds` says otherwise; `roles`, `approvers` and `idempotent` are as for
+        `app.tool`, for every tool of the server; `timeout` bounds one call (seconds,
+        within the step's time limit). Nothing is started here: the list is taken by
+        each run, at its first model step (docs/mcp.md)."""
+        if name in self.mcp_servers:
+            raise ConfigurationError(f"an MCP server named {name!r} is already defined")
+        server = McpServer.define(
+            name,
+            command=command,
+            env=env,
+            url=url,
+            headers=headers,
+            kinds=kinds,
+            roles=roles,
+            approvers=approvers,
+            idempotent=idempotent,
+            timeout=timeout,
+        )
+        self.registry.add_prefixed(name, lambda tool: McpTool(server, tool))
+        self.mcp_servers[name] = server
+        return server
+
+    def mcp_server_of(self, name: str) -> McpServer | None:
+        """The MCP server a tool name (or `<server>.*`) belongs to, if any."""
+        prefix, dot, rest = name.partition(".")
+        return self.mcp_servers.get(prefix) if dot and rest else None
 
     def agent(
         self,
@@ -310,6 +357,8 @@ class AgentApp:
         for name in agent.tools:
             if persona is not None and persona.tools is not None and name not in persona.tools:
                 continue
+            if self.mcp_server_of(name) is not None:
+                continue  # offered once the run has taken its list (offered_mcp)
             if name in self.registry:
                 if self.roles.may_use(self.registry.get(name), actor):
                     offered.append(name)
@@ -318,6 +367,21 @@ class AgentApp:
         if agent.timers and WAIT not in offered and WAIT not in self.registry:
             offered.append(WAIT)
         return offered
+
+    def offered_mcp(self, agent: AgentSpec, actor: str, persona: Persona | None) -> list[str]:
+        """The MCP tools (`<server>.<tool>`, `<server>.*`) this actor is offered on this
+        agent (and persona): what the run's list is taken for."""
+        wanted: list[str] = []
+        held = self.roles.roles_of(actor)
+        for name in agent.tools:
+            server = self.mcp_server_of(name)
+            if server is None or (server.roles is not None and not server.roles & held):
+                continue
+            narrowed = persona.tools if persona is not None else None
+            if narrowed is not None and not {name, f"{server.name}.*"} & narrowed:
+                continue
+            wanted.append(name)
+        return wanted
 
     def tool_specs(self, names: Iterable[str]) -> list[ToolSpec]:
         specs = []
@@ -342,6 +406,8 @@ class AgentApp:
         """Check that every name an agent uses is a tool or an agent."""
         for agent in self.agents.values():
             for name in agent.tools:
+                if self.mcp_server_of(name) is not None:
+                    continue  # checked against the server's list when a run takes it
                 if name not in self.registry and name not in self.agents:
                     raise ConfigurationError(
                         f"agent {agent.name!r} uses {name!r}, which is neither a tool nor an agent"

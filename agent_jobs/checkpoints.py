@@ -4,6 +4,7 @@ results checkpoints record.
 A turn's checkpoints, in the order a turn meets them:
 
     quota:check · persist:user · load:thread · [history:summarize · usage:summary]
+    [mcp:tools] (the run's list of MCP tools, taken once, before its first model step)
     prepare:<n> · model:<n> · usage:<n> · persist:assistant:<n>
     persist:toolcall:<id> · [approval:<id>] · tool:<id> · [answers:<id>:<k> · tool:<id>:<k+1>]
     · [agent:<id>] · [timer:<id>] · persist:toolexec:<id> · … · persist:title
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .messages import Message, ModelSettings
+from .messages import Message, ModelSettings, ToolSpec
 
 # --- names -------------------------------------------------------------------------------
 
@@ -33,6 +34,7 @@ LOAD_THREAD = "load:thread"
 SUMMARIZE = "history:summarize"
 SUMMARY_USAGE = "usage:summary"
 PERSIST_TITLE = "persist:title"
+MCP_TOOLS = "mcp:tools"
 
 APPROVAL = "approval:"
 ANSWERS = "answers:"
@@ -152,6 +154,7 @@ Kind = Literal[
     "timer",
     "patch",
     "retry",
+    "mcp_tools",
 ]
 
 _EXACT: dict[str, Kind] = {
@@ -161,6 +164,7 @@ _EXACT: dict[str, Kind] = {
     SUMMARIZE: "summarize",
     SUMMARY_USAGE: "summary_usage",
     PERSIST_TITLE: "title",
+    MCP_TOOLS: "mcp_tools",
 }
 # Longest first: `persist:toolcall:` before any shorter prefix it starts with.
 _PREFIXES: tuple[tuple[str, Kind], ...] = (
@@ -268,6 +272,30 @@ class ToolOutcome(BaseModel):
     result: Any = None
     error: str | None = None
     questions: list[dict[str, Any]] | None = None  # the tool asked; the run waits for answers
+
+
+class McpToolInfo(BaseModel):
+    """One tool of an MCP server as a run's list holds it (`mcp:tools`)."""
+
+    name: str  # "<server>.<tool>"
+    server: str
+    tool: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    kind: Literal["read", "action"] = "action"
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name, description=self.description, input_schema=self.input_schema
+        )
+
+
+class McpToolList(BaseModel):
+    """`mcp:tools`: the MCP tools a run offers, and the servers that could not be listed
+    (their tools are not offered; a call of one is a tool error the model sees)."""
+
+    tools: list[McpToolInfo] = Field(default_factory=list)
+    unavailable: dict[str, str] = Field(default_factory=dict)
 
 
 class Decision(BaseModel):

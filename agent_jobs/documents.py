@@ -78,6 +78,7 @@ _KINDS: dict[str, StepKind] = {
     "answers": "answers",
     "delegation": "child",
     "timer": "timer",
+    "mcp_tools": "tool",
 }
 _PEOPLE = ("approval", "answers")
 # What an intent carries for the runner, not for a person reading it.

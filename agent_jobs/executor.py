@@ -31,6 +31,8 @@ from .checkpoints import (
     attempted,
 )
 from .errors import ModelError, ToolError
+from .mcp import listing as mcp_listing
+from .mcp import servers as mcp_servers
 from .messages import Message, ModelRequest, ModelResponse, ModelSettings
 from .models.base import Model
 from .observability import diagnostics, observe
@@ -38,6 +40,7 @@ from .settings import get_settings
 from .steps import (
     Intent,
     InvokeTool,
+    ListMcpTools,
     LoadThread,
     ModelTurn,
     PersistAssistant,
@@ -177,8 +180,12 @@ def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) ->
     """Read the registry here, inside the checkpoint: a replay reads the verdict back."""
     call = intent.call
     app = env.app
+    listed = intent.mcp  # an MCP tool's kind and schema, as the run's list gave them
     timer = timers.offers_wait(app.registry, intent.offered) and call.name == timers.WAIT
-    kind = "timer" if timer else app.kind_of(call.name) or "read"
+    if timer:
+        kind = "timer"
+    else:
+        kind = listed.kind if listed is not None else (app.kind_of(call.name) or "read")
     status: Any = "pending_approval" if kind == "action" else "auto_executed"
     error: str | None = None
     try:
@@ -199,7 +206,10 @@ def _persist_toolcall(intent: Any, conn: Connection, env: StepEnv, step: str) ->
                 )
         else:
             tool = app.registry.authorize(call.name, intent.actor, app.roles, intent.offered)
-            tool.validate(call.args)
+            if listed is not None:
+                mcp_servers.check_schema(call.name, listed.input_schema, call.args)
+            else:
+                tool.validate(call.args)
     except ToolError as exc:
         status, error = "failed", str(exc)
     toolcalls.insert_call(
@@ -348,6 +358,8 @@ def execute_remote(intent: Intent, env: StepEnv, step: str) -> BaseModel:
         return _invoke_tool(intent, env, step)
     if isinstance(intent, Summarize):
         return _summarize(intent, env)
+    if isinstance(intent, ListMcpTools):
+        return mcp_listing.listed(env.app, intent.wanted)
     raise TypeError(f"{type(intent).__name__} is not a remote step")
 
 

@@ -22,6 +22,8 @@ from .app import AgentApp, AgentSpec, Persona
 from .checkpoints import (
     CallVerdict,
     Done,
+    McpToolInfo,
+    McpToolList,
     Persisted,
     Prepared,
     QuotaVerdict,
@@ -51,6 +53,7 @@ from .messages import Message, ModelRequest, ModelResponse, ToolCall, args_sha25
 from .steps import (
     Intent,
     InvokeTool,
+    ListMcpTools,
     LoadThread,
     ModelTurn,
     PersistAssistant,
@@ -69,6 +72,7 @@ R = TypeVar("R", bound=BaseModel)
 PARALLEL_TOOLS = "agent:parallel-tools"
 HISTORY_SELECT = "agent:history-select"
 APPROVALS_AT_ONCE = "agent:approvals-at-once"
+MCP_TOOLS = "agent:mcp-tools"
 MAX_QUESTION_ROUNDS = 5
 TITLE_LENGTH = 60
 
@@ -130,7 +134,10 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
 
     offered = deps.app.offered_tools(deps.agent, turn.actor, deps.persona)
     specs = deps.app.tool_specs(offered)
-    tools = _Tools(turn, deps, hooks, offered)
+    mcp = _mcp_tools(turn, deps, hooks)
+    offered = [*offered, *mcp]
+    specs = [*specs, *(tool.spec() for tool in mcp.values())]
+    tools = _Tools(turn, deps, hooks, offered, mcp)
     seen: set[str] = set()
 
     defaults = deps.agent.model_settings()
@@ -198,6 +205,18 @@ def run_agent_loop(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> TurnRes
     raise MaxStepsExceededError(deps.agent.max_steps)
 
 
+def _mcp_tools(turn: TurnInput, deps: LoopDeps, hooks: LoopHooks) -> dict[str, McpToolInfo]:
+    """`mcp:tools`: the MCP tools this run offers, listed once before its first model step
+    and journaled, so that a replay offers the very same tools (a new run, a new list).
+    Gated: a run that began before its agent took MCP tools finishes without them."""
+    wanted = deps.app.offered_mcp(deps.agent, turn.actor, deps.persona)
+    if not wanted or not hooks.patched(Patch(MCP_TOOLS)):
+        return {}
+    listing = ListMcpTools(run_id=turn.run_id, agent=deps.agent.name, wanted=wanted)
+    listed = _step(hooks, names.MCP_TOOLS, listing, McpToolList)
+    return {tool.name: tool for tool in listed.tools}
+
+
 def _model_turn(request: Callable[[], ModelRequest]) -> ModelTurn:
     return ModelTurn(request=request())
 
@@ -234,12 +253,18 @@ class _Tools:
     """Runs one model turn's tool calls by kind, in the order the model gave them."""
 
     def __init__(
-        self, turn: TurnInput, deps: LoopDeps, hooks: LoopHooks, offered: list[str]
+        self,
+        turn: TurnInput,
+        deps: LoopDeps,
+        hooks: LoopHooks,
+        offered: list[str],
+        mcp: dict[str, McpToolInfo],
     ) -> None:
         self.turn = turn
         self.deps = deps
         self.hooks = hooks
         self.offered = offered
+        self.mcp = mcp  # the run's MCP tools by name, as its list gave them
 
     def run(self, calls: list[ToolCall]) -> list[Message]:
         # The concurrent shape changed which checkpoints a turn writes, so it is gated:
@@ -283,19 +308,25 @@ class _Tools:
             call=call,
             offered=self.offered,
             depth=self.turn.depth,
+            mcp=self.mcp.get(call.name),
         )
         return _step(self.hooks, names.toolcall(call.id), intent, CallVerdict)
 
     def invoke(self, call: ToolCall) -> ToolOutcome:
         """`tool:<id>`; a tool that asks questions waits for answers, then runs again."""
         outcome = self._invoke(call, names.tool(call.id), None)
+        answers: dict[str, Any] | None = None
         for round in range(1, MAX_QUESTION_ROUNDS + 1):
             if outcome.questions is None:
                 return outcome
             wait = AnswersWait(
                 self.turn.run_id, names.answers_request(call.id, round), outcome.questions, call
             )
+            given = answers
             answers = self.hooks.await_answers(wait)
+            if call.name in self.mcp and given is not None:
+                # An MCP call is made again from the start: every answer so far goes with it.
+                answers = {**given, **answers}
             outcome = self._invoke(call, names.tool(call.id, round + 1), answers)
         if outcome.questions is not None:
             return ToolOutcome(ok=False, error="the tool kept asking questions; giving up")
@@ -310,6 +341,7 @@ class _Tools:
             call=call,
             offered=self.offered,
             answers=answers,
+            kind=listed.kind if (listed := self.mcp.get(call.name)) is not None else None,
         )
         return _step(self.hooks, name, intent, ToolOutcome)
 

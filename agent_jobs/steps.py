@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from .checkpoints import McpToolInfo
 from .messages import Message, ModelRequest, ModelSettings, ToolCall, Usage
 
 
@@ -104,6 +105,7 @@ class PersistToolCall(Intent):
     call: ToolCall
     offered: list[str]
     depth: int = 0  # the turn's depth at runtime; the larger of it and the stored one counts
+    mcp: McpToolInfo | None = None  # an MCP tool's kind and schema, from the run's list
 
 
 class InvokeTool(Intent):
@@ -116,6 +118,17 @@ class InvokeTool(Intent):
     offered: list[str]
     answers: dict[str, Any] | None = None
     queue: str | None = None  # the tool's own broker queue, if it has one
+    kind: Literal["read", "action"] | None = None  # an MCP tool's, from the run's list
+
+
+class ListMcpTools(Intent):
+    """`mcp:tools`: take the list of the MCP tools a run offers, once (agent_jobs/mcp)."""
+
+    type: Literal["list_mcp_tools"] = "list_mcp_tools"
+    remote = True
+    run_id: str
+    agent: str
+    wanted: list[str]  # "<server>.<tool>" or "<server>.*", as the agent names them
 
 
 class PersistToolExec(Intent):
@@ -146,6 +159,7 @@ AnyIntent = Annotated[
     | PersistAssistant
     | PersistToolCall
     | InvokeTool
+    | ListMcpTools
     | PersistToolExec
     | SetTitle,
     Field(discriminator="type"),

@@ -355,6 +355,8 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        # Tools known by a prefix rather than one by one: an MCP server's, `<prefix>.<tool>`.
+        self._prefixed: dict[str, Callable[[str], Tool]] = {}
 
     def add(self, tool: Tool) -> Tool:
         if tool.name in self._tools:
@@ -362,14 +364,28 @@ class ToolRegistry:
         self._tools[tool.name] = tool
         return tool
 
+    def add_prefixed(self, prefix: str, make: Callable[[str], Tool]) -> None:
+        """Know every `<prefix>.<tool>` as the tool `make(name)` builds (an MCP server's:
+        who may use and decide it; the run's list says which exist)."""
+        if prefix in self._prefixed:
+            raise ConfigurationError(f"tools prefixed {prefix!r}. are already registered")
+        self._prefixed[prefix] = make
+
+    def _by_prefix(self, name: object) -> Tool | None:
+        if not isinstance(name, str):
+            return None
+        prefix, dot, rest = name.partition(".")
+        make = self._prefixed.get(prefix) if dot and rest and "*" not in rest else None
+        return make(name) if make is not None else None
+
     def get(self, name: str) -> Tool:
-        try:
-            return self._tools[name]
-        except KeyError:
-            raise UnknownToolError(name) from None
+        tool = self._tools.get(name) or self._by_prefix(name)
+        if tool is None:
+            raise UnknownToolError(name)
+        return tool
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return name in self._tools or self._by_prefix(name) is not None
 
     def names(self) -> list[str]:
         return list(self._tools)

@@ -53,7 +53,7 @@ def report(observed: list[Callable[[], None]]) -> None:
 
 def kind_of(step: str) -> str:
     """A remote step's kind, by its name (a retry row's: the step it runs again)."""
-    return "tool" if attempted(step).startswith("tool:") else "model"
+    return "tool" if attempted(step).startswith(("tool:", "mcp:")) else "model"
 
 
 # --- steps -----------------------------------------------------------------------------------

@@ -69,7 +69,8 @@ def guarded(app: AgentApp, row: JournalRow) -> Guarded | None:
     if not isinstance(name, str) or name not in app.registry:
         return None
     tool = app.registry.get(name)
-    if tool.kind != "action" or tool.idempotent:
+    kind = journaled.get("kind") or tool.kind  # an MCP tool's, as the run's list gave it
+    if kind != "action" or tool.idempotent:
         return None  # decided before the intent is parsed: most steps are not guarded
     intent = parse_intent(journaled)
     if not isinstance(intent, InvokeTool):

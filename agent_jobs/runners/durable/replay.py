@@ -38,7 +38,7 @@ from ...hooks import (
 )
 from ...messages import ToolCall
 from ...observability import observe
-from ...steps import Intent, InvokeTool, ModelTurn, Summarize, dump, parse_intent
+from ...steps import Intent, InvokeTool, ListMcpTools, ModelTurn, Summarize, dump, parse_intent
 from ...store import RunView, model_requests
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
@@ -58,7 +58,7 @@ def task_for(intent: Intent) -> str:
     """The Celery task that carries out a remote intent."""
     if isinstance(intent, ModelTurn | Summarize):
         return MODEL_TURN
-    if isinstance(intent, InvokeTool):
+    if isinstance(intent, InvokeTool | ListMcpTools):  # an MCP server's list: a tool's work
         return INVOKE_TOOL
     raise TypeError(f"{type(intent).__name__} is not a remote step")
 
