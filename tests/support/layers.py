@@ -44,6 +44,7 @@ MODULES: dict[str, str] = {
     "tests/durable/test_eager.py": "crash",
     "tests/durable/test_sleeping.py": "crash",
     "tests/humans/test_reconcile.py": "crash",
+    "tests/mcp/test_mcp_crash.py": "crash",
     "tests/runs/test_abandoned.py": "crash",
     "tests/models/test_durable_e2e.py::"
     "test_a_worker_killed_after_the_model_step_leaves_its_arguments_streamed_once": "crash",
@@ -72,6 +73,7 @@ MODULES: dict[str, str] = {
     "tests/humans/test_listener.py": "workers",
     "tests/humans/test_listener_hardening.py": "workers",
     "tests/humans/test_reconcile_doors.py": "workers",
+    "tests/mcp/test_mcp_durable.py": "workers",
     "tests/models/test_durable_e2e.py": "workers",
     "tests/models/test_genai_spans.py::"
     "test_a_durable_run_has_one_span_per_step_with_the_genai_attributes": "workers",
@@ -98,6 +100,7 @@ MODULES: dict[str, str] = {
     "tests/runs/test_tools.py::test_a_worker_loads_the_app_from_its_working_directory": "workers",
     # processes: the CLI on the embedded default, a fresh interpreter, compose's commands
     "tests/doors/test_cli.py": "processes",
+    "tests/mcp/test_mcp_inline.py": "processes",
     "tests/flow/test_cli_if_busy.py": "processes",
     "tests/schedules/test_embedded.py": "processes",
     "tests/doors/test_cli_redraw.py::test_run_json_prints_the_finished_run_alone": "processes",

@@ -20,6 +20,13 @@ app.mcp(
     env={name: os.environ[name] for name in _PASSED if name in os.environ},
     approvers=["lead"],
 )
+# The same server, with a short time limit on a call.
+app.mcp(
+    "slow",
+    command=[sys.executable, "-m", "tests.support.mcp_server"],
+    env={name: os.environ[name] for name in _PASSED if name in os.environ},
+    timeout=2,
+)
 if os.environ.get("TEST_MCP_URL"):
     app.mcp("web", url=os.environ["TEST_MCP_URL"], headers={"X-Test": "1"}, approvers=["lead"])
 app.mcp("down", url=os.environ.get("TEST_MCP_DOWN", "http://127.0.0.1:9/mcp"), timeout=5)
@@ -79,17 +86,28 @@ app.agent(
     model=ScriptedModel([_calls(("down.read_file", {"path": "a.txt"})), DONE]),
     tools=["down.*", "lookup"],
 )
-# A server that hangs: the call's time limit holds.
+# A server that hangs: the call's time limit holds (the server's `timeout`; the
+# step's time limit, for `hanger_limited` on a worker started with a short one).
 app.agent(
     "hanger",
+    model=ScriptedModel([_calls(("slow.hang", {})), DONE]),
+    tools=["slow.hang"],
+)
+app.agent(
+    "hanger_limited",
     model=ScriptedModel([_calls(("files.hang", {})), DONE]),
     tools=["files.hang"],
 )
-# The HTTP server's tools, one of which the test adds between runs.
+# The HTTP server's tools: an action (the run waits for its approval, while the test adds
+# a tool to the server), then the added tool.
 app.agent(
-    "web_reader",
+    "web_changing",
     model=ScriptedModel(
-        [_calls(("web.stat", {"path": "a"})), _calls(("web.added", {"path": "b"})), DONE]
+        [
+            _calls(("web.write_file", {"path": "a", "text": "x"})),
+            _calls(("web.added", {"path": "b"})),
+            DONE,
+        ]
     ),
     tools=["web.*"],
 )
