@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -116,17 +117,21 @@ class McpServer:
     def client(self, elicited: Any = None) -> Client:
         """An unopened SDK client for this server (the pool opens and keeps it);
         `elicited` answers a server that elicits in the middle of a call."""
-        from mcp import Client, StdioServerParameters
+        from mcp import Client, StdioServerParameters  # the SDK, from the `mcp` extra
 
         if self.command is not None:
-            from mcp.client.stdio import get_default_environment
+            from mcp.client.stdio import get_default_environment, stdio_client
 
             params = StdioServerParameters(
                 command=self.command[0],
                 args=list(self.command[1:]),
                 env={**get_default_environment(), **self.env},
             )
-            return Client(params, cache=None, elicitation_callback=elicited)
+            # The server's stderr goes to the process's own (a Celery worker's sys.stderr
+            # is a logging proxy, with no file descriptor to hand a child).
+            errlog = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+            transport = stdio_client(params, errlog=errlog)
+            return Client(transport, cache=None, elicitation_callback=elicited)
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
