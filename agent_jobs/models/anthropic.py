@@ -57,6 +57,7 @@ from ._http import (
 )
 from .base import DeltaSink, args_writer
 from .pricing import PriceTable, priced_usage
+from .wire_names import WireNames
 
 DEFAULT_MAX_TOKENS = 4096
 THINKING_BUDGETS: Mapping[str, int] = {"low": 1024, "medium": 4096, "high": 16384}
@@ -352,6 +353,11 @@ class AnthropicModel:
         return params
 
     def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        # An MCP tool's name (`files.read_file`) is not one the API takes: sent renamed.
+        names = WireNames.of(request)
+        return names.incoming(self._run_turn(names.outgoing(request), sink))
+
+    def _run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
         params = self.request_params(request)
         assembly = _Assembly()
         headers: Mapping[str, str] = {}

@@ -27,6 +27,7 @@ from ._http import (
 )
 from .base import DeltaSink, args_writer
 from .pricing import PriceTable, priced_usage
+from .wire_names import WireNames
 
 # Local servers (vLLM, Ollama) take any key, but the SDK refuses to start without one.
 _NO_KEY = "not-needed"
@@ -275,6 +276,11 @@ class OpenAICompatModel:
         return params
 
     def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        # An MCP tool's name (`files.read_file`) is not one the API takes: sent renamed.
+        names = WireNames.of(request)
+        return names.incoming(self._run_turn(names.outgoing(request), sink))
+
+    def _run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
         params = self.request_params(request)
         assembly = _Assembly()
         headers: Mapping[str, str] = {}

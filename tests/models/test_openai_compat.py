@@ -511,3 +511,38 @@ def test_history_maps_to_chat_messages(fake: FakeProvider, model: Any) -> None:
         {"role": "assistant", "content": "I could not refund it."},
         {"role": "user", "content": "Why?"},
     ]
+
+
+def test_an_mcp_tools_name_is_sent_as_one_the_api_takes_and_named_back(
+    fake: FakeProvider, model: Any
+) -> None:
+    piece = {
+        "index": 0,
+        "id": "call_m",
+        "type": "function",
+        "function": {"name": "files_read_file", "arguments": '{"path": "a"}'},
+    }
+    fake.add(
+        Reply(
+            chunks=openai_stream(
+                [chunk(calls=[piece]), chunk(finish="tool_calls"), usage_chunk(3, 2)]
+            )
+        )
+    )
+    earlier = ToolCall(id="call_0", name="files.read_file", args={"path": "z"})
+    history = [
+        Message(role="user", content="read"),
+        Message(role="assistant", content="", tool_calls=[earlier]),
+        Message(role="tool", content="zz", tool_call_id="call_0", name="files.read_file"),
+    ]
+    tools = [ToolSpec(name="files.read_file"), ToolSpec(name="lookup")]
+
+    response = model.run_turn(make_request(tools=tools, messages=history), RecordingSink())
+
+    assert response.tool_calls == [
+        ToolCall(id="call_m", name="files.read_file", args={"path": "a"})
+    ]
+    sent = fake.last_body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["files_read_file", "lookup"]
+    [assistant] = [m for m in sent["messages"] if m["role"] == "assistant"]
+    assert assistant["tool_calls"][0]["function"]["name"] == "files_read_file"

@@ -209,3 +209,18 @@ def test_an_mcp_actions_kind_in_the_journal_decides_whether_its_call_is_guarded(
     assert guarded(APP, row("files.write", "action")) is not None
     assert guarded(APP, row("files.read_file", "read")) is None
     assert guarded(APP, row("safe.write", "action")) is None  # idempotent=True
+
+
+def test_names_a_provider_refuses_are_sent_renamed_without_colliding() -> None:
+    from agent_jobs.messages import Message, ModelRequest, ToolSpec
+    from agent_jobs.models.wire_names import WireNames
+
+    tools = [ToolSpec(name=n) for n in ("files.read", "files_read", "a.b/c", "plain")]
+    request = ModelRequest(
+        run_id="r", agent="a", step=0, system="", messages=[Message(role="user", content="x")]
+    )
+    names = WireNames.of(request.model_copy(update={"tools": tools}))
+    assert names.to_wire == {"a.b/c": "a_b_c", "files.read": "files_read_2"}
+    back = ModelResponse(tool_calls=[ToolCall(id="1", name="files_read_2", args={})])
+    assert names.incoming(back).tool_calls[0].name == "files.read"
+    assert WireNames.of(request).outgoing(request) is request  # nothing to rename
