@@ -100,6 +100,9 @@ def decidable_tools(app: AgentApp, caller: Caller) -> frozenset[str]:
         escalated = frozenset(tool.escalate_to or ())
         if app.roles.may_approve(tool, caller.actor) or escalated & caller.roles:
             found.add(name)
+    for prefix in app.mcp_servers:  # every tool of a server: `<server>.*`
+        if app.roles.may_approve(app.registry.get(f"{prefix}.tool"), caller.actor):
+            found.add(f"{prefix}.*")
     return frozenset(found)
 
 

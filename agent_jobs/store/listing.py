@@ -126,10 +126,18 @@ def _scopes(reader: Reader) -> list[ColumnElement[bool]]:
     ]
     if reader.tools:
         called = runs.alias("called")
+        exact = sorted(t for t in reader.tools if not t.endswith(".*"))
+        # `<server>.*`: every tool of an MCP server (its names are known only to its runs).
+        named: list[ColumnElement[bool]] = [tool_calls.c.name.in_(exact)] if exact else []
+        named += [
+            tool_calls.c.name.startswith(t[:-1], autoescape=True)
+            for t in sorted(reader.tools)
+            if t.endswith(".*")
+        ]
         deciders = (
             select(called.c.root_run_id)
             .select_from(tool_calls.join(called, called.c.id == tool_calls.c.run_id))
-            .where(tool_calls.c.kind == "action", tool_calls.c.name.in_(sorted(reader.tools)))
+            .where(tool_calls.c.kind == "action", or_(*named))
         )
         scopes.append(runs.c.root_run_id.in_(deciders))
     return scopes

@@ -126,6 +126,9 @@ def test_an_elicitation_is_answered_through_the_http_api(
     assert reply.status_code == 201, reply.text
     run_id = reply.json()["run_id"]
     mcp.wait_status(run_id, "awaiting_approval")
+    # An approver of the server's tools reads the run in the runs list.
+    listed = call("alice", "GET", "/v1/runs").json()["runs"]
+    assert run_id in [r["run_id"] for r in listed]
     decided = call(
         "alice", "POST", f"/v1/runs/{run_id}/approvals/call_1", json={"decision": "approve"}
     )
