@@ -1,7 +1,7 @@
 """The app of the MCP tests (workers load it with AGENT_JOBS_APP=tests.support.apps.mcp:app):
 the stdio server `files` (tests/support/mcp_server.py, started by each process that
-calls it) and, when `$TEST_MCP_URL` names one, the streamable HTTP server `web` the test
-serves itself; `$TEST_MCP_DOWN` names a URL where nothing answers (`down`)."""
+calls it) and the streamable HTTP server `web` at `$TEST_MCP_URL`, which the test serves
+itself; `$TEST_MCP_DOWN` names a URL where nothing answers (`down`)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,12 @@ app.mcp(
     env={name: os.environ[name] for name in _PASSED if name in os.environ},
     timeout=2,
 )
-if os.environ.get("TEST_MCP_URL"):
-    app.mcp("web", url=os.environ["TEST_MCP_URL"], headers={"X-Test": "1"}, approvers=["lead"])
+app.mcp(
+    "web",
+    url=os.environ.get("TEST_MCP_URL", "http://127.0.0.1:9/mcp"),
+    headers={"X-Test": "1"},
+    approvers=["lead"],
+)
 app.mcp("down", url=os.environ.get("TEST_MCP_DOWN", "http://127.0.0.1:9/mcp"), timeout=5)
 
 
