@@ -51,6 +51,9 @@ class McpServer:
     approvers: frozenset[str] | None = None
     idempotent: bool | None = None
     timeout: float = DEFAULT_TIMEOUT
+    # The SDK's protocol negotiation: "auto" (the default) asks the server and falls back
+    # to the initialize handshake of older servers; "legacy" forces that handshake.
+    mode: str = "auto"
 
     @classmethod
     def define(
@@ -131,14 +134,14 @@ class McpServer:
             # is a logging proxy, with no file descriptor to hand a child).
             errlog = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
             transport = stdio_client(params, errlog=errlog)
-            return Client(transport, cache=None, elicitation_callback=elicited)
+            return Client(transport, cache=None, elicitation_callback=elicited, mode=self.mode)
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
         assert self.url is not None
         http = httpx2.AsyncClient(headers=dict(self.headers), timeout=httpx2.Timeout(30, read=None))
         transport = streamable_http_client(self.url, http_client=http)
-        return Client(transport, cache=None, elicitation_callback=elicited)
+        return Client(transport, cache=None, elicitation_callback=elicited, mode=self.mode)
 
     def call_limit(self, step_time_limit: float | None = None) -> float:
         """Seconds a call may take: the server's timeout, within the step's time limit

@@ -66,6 +66,7 @@ def test_reads_fan_out_with_a_plain_tool_on_pooled_connections(
         "files.stat": "read",
         "files.write_file": "action",
         "files.refund": "action",
+        "files.confirm": "action",
         "files.hang": "read",
     }
     order = [row["step"] for row in runner.store.journal(first.run_id)]
@@ -188,3 +189,25 @@ def test_a_name_the_server_does_not_list_fails_the_run_with_what_it_offers(
     done = runner.run("misnamed", "go", actor="user-7", timeout=60)
     assert done.status == "failed"
     assert "no tool named 'nope'" in (done.error or "") and "read_file" in (done.error or "")
+
+
+def test_a_server_of_an_older_protocol_asks_mid_call_and_is_answered_on_the_next_call() -> None:
+    """On the initialize handshake the server elicits in the middle of the call: the call
+    is ended on the first unanswered question, then made again with every answer so far."""
+    from dataclasses import replace
+
+    from agent_jobs.mcp.servers import McpServer
+    from agent_jobs.tools import QuestionsAsked
+
+    legacy = replace(app.mcp_servers["files"], name="legacy", mode="legacy", timeout=20)
+    with pytest.raises(QuestionsAsked) as first:
+        legacy.call("confirm", {"order_id": "9"}, None)
+    [asked] = first.value.questions
+    assert asked["id"] == "elicitation_1" and asked["question"] == "Really close 9?"
+    with pytest.raises(QuestionsAsked) as second:
+        legacy.call("confirm", {"order_id": "9"}, {"elicitation_1": "yes"})
+    assert second.value.questions[0]["id"] == "elicitation_2"
+    answers = {"elicitation_1": "yes", "elicitation_2": "decline"}
+    result = legacy.call("confirm", {"order_id": "9"}, answers)
+    assert result == {"closed": "9", "actions": ["accept", "decline"], "said": ["yes", None]}
+    assert isinstance(legacy, McpServer)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import Elicit, MCPServer, Resolve
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel
 
@@ -74,6 +74,15 @@ def build(name: str = "files") -> MCPServer:
         """Refund an order, from the account the person names (asked by elicitation)."""
         _log("refund", order_id=order_id, account=account.account)
         return {"refunded": order_id, "from": account.account}
+
+    @server.tool()
+    async def confirm(order_id: str, ctx: Context) -> dict[str, Any]:
+        """Asks in the middle of the call (a server of an older protocol version)."""
+        first = await ctx.elicit(f"Really close {order_id}?", Account)
+        second = await ctx.elicit("And the reason?", Account)
+        _log("confirm", order_id=order_id, first=first.action, second=second.action)
+        said = [getattr(getattr(r, "data", None), "account", None) for r in (first, second)]
+        return {"closed": order_id, "actions": [first.action, second.action], "said": said}
 
     @server.tool(annotations=READ)
     async def hang(seconds: float = 3600) -> str:
