@@ -49,6 +49,15 @@ class McpTimeoutError(ToolError):
     """The MCP server did not answer within the call's time limit."""
 
 
+class _Failed(Exception):
+    """The coroutine handed to the loop raised `cause` (not the waiting thread: a soft
+    time limit raised into it goes through as it is)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 @dataclass(eq=False)
 class _Connection:
     """One open session with a server, held by a task of the pool's loop."""
@@ -103,6 +112,10 @@ class McpPool:
                     return future.result(timeout=min(SLICE, left))
                 except concurrent.futures.TimeoutError:
                     continue
+                except Exception as exc:
+                    if future.done() and not future.cancelled() and future.exception() is exc:
+                        raise _Failed(exc) from exc
+                    raise
         except BaseException:
             future.cancel()  # a timeout, or a soft time limit raised into this thread
             raise
@@ -138,15 +151,13 @@ class McpPool:
         conn.holder = asyncio.run_coroutine_threadsafe(hold(), loop)
         try:
             opened = self._wait(ready, timeout, f"MCP server {server.name!r}")
-        except McpTimeoutError:
+        except _Failed as failed:
+            raise McpUnavailableError(
+                f"MCP server {server.name!r} is unavailable: {_described(failed.cause)}"
+            ) from None
+        except BaseException:
             conn.holder.cancel()
             raise
-        except ToolError:
-            raise
-        except Exception as exc:
-            raise McpUnavailableError(
-                f"MCP server {server.name!r} is unavailable: {_described(exc)}"
-            ) from None
         self.opened += 1
         return opened
 
@@ -197,11 +208,11 @@ class McpPool:
             result = self._wait(self._submit(work(client)), left, f"MCP server {server.name!r}")
             ok = True
             return result
-        except ToolError:
-            raise
-        except Exception as exc:
+        except _Failed as failed:
+            if isinstance(failed.cause, ToolError):  # the work's own verdict (a tool error)
+                raise failed.cause from None
             raise McpUnavailableError(
-                f"MCP server {server.name!r} failed {what}: {_described(exc)}"
+                f"MCP server {server.name!r} failed {what}: {_described(failed.cause)}"
             ) from None
         finally:
             conn.calls += 1

@@ -211,3 +211,28 @@ def test_a_server_of_an_older_protocol_asks_mid_call_and_is_answered_on_the_next
     result = legacy.call("confirm", {"order_id": "9"}, answers)
     assert result == {"closed": "9", "actions": ["accept", "decline"], "said": ["yes", None]}
     assert isinstance(legacy, McpServer)
+
+
+def test_a_soft_time_limit_raised_into_a_waiting_call_goes_through_as_it_is(
+    server_log: ServerLog,
+) -> None:
+    """A step's soft time limit is raised into the worker's thread: the call waiting on
+    the pool's loop lets it through (not as a tool error), and the connection is dropped."""
+    import ctypes
+    import threading
+
+    class SoftLimit(Exception):
+        pass
+
+    hung = len(server_log.calls("hang"))
+    waiting = threading.get_ident()
+
+    def raise_once_it_hangs() -> None:
+        eventually(lambda: len(server_log.calls("hang")) > hung, what="the call to hang")
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(waiting), ctypes.py_object(SoftLimit)
+        )
+
+    threading.Thread(target=raise_once_it_hangs, daemon=True).start()
+    with pytest.raises(SoftLimit):
+        app.mcp_servers["files"].call("hang", {}, None)
