@@ -11,6 +11,7 @@ tool error the model sees, and its elicitation a question to the run's actor
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import sys
@@ -102,6 +103,11 @@ class McpServer:
             raise ConfigurationError(f"MCP server {name!r}: idempotent must be True or False")
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise ConfigurationError(f"MCP server {name!r}: timeout must be seconds > 0")
+        if importlib.util.find_spec("mcp") is None:
+            raise ConfigurationError(
+                f"MCP server {name!r}: the MCP SDK is not installed; install the extra: "
+                "pip install 'agent-jobs[mcp]'"
+            )
         return cls(
             name=name,
             command=tuple(command) if command is not None else None,

@@ -224,3 +224,16 @@ def test_names_a_provider_refuses_are_sent_renamed_without_colliding() -> None:
     back = ModelResponse(tool_calls=[ToolCall(id="1", name="files_read_2", args={})])
     assert names.incoming(back).tool_calls[0].name == "files.read"
     assert WireNames.of(request).outgoing(request) is request  # nothing to rename
+
+
+def test_a_server_without_the_sdk_installed_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mcp" else found(name, *a)
+    )
+    with pytest.raises(ConfigurationError, match=r"agent-jobs\[mcp\]"):
+        AgentApp().mcp("s", command=["x"])
