@@ -44,9 +44,10 @@ class McpServer:
 
     name: str
     command: tuple[str, ...] | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    # Kept out of its repr: they may hold secrets (a token in a header, a key in env).
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
     url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     kinds: Mapping[str, ToolKind] = field(default_factory=dict)
     roles: frozenset[str] | None = None
     approvers: frozenset[str] | None = None
