@@ -100,14 +100,22 @@ class McpPool:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    def _wait(self, future: concurrent.futures.Future[T], timeout: float, what: str) -> T:
-        """The coroutine's result, waited for in slices; on timeout it is cancelled."""
+    def _wait(
+        self,
+        future: concurrent.futures.Future[T],
+        timeout: float,
+        what: str,
+        limit: float | None = None,
+    ) -> T:
+        """The coroutine's result, waited for in slices; on timeout it is cancelled.
+        `limit`: the time limit a timeout names (the whole call's), if not `timeout`."""
         deadline = time.monotonic() + timeout
+        shown = timeout if limit is None else limit
         try:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise McpTimeoutError(f"{what} did not answer within {timeout:g} s")
+                    raise McpTimeoutError(f"{what} did not answer within {shown:g} s")
                 try:
                     return future.result(timeout=min(SLICE, left))
                 except concurrent.futures.TimeoutError:
@@ -205,7 +213,8 @@ class McpPool:
         conn.current = current
         ok = False
         try:
-            result = self._wait(self._submit(work(client)), left, f"MCP server {server.name!r}")
+            waited = self._submit(work(client))
+            result = self._wait(waited, left, f"MCP server {server.name!r}", limit=timeout)
             ok = True
             return result
         except _Failed as failed:
