@@ -34,8 +34,8 @@ class Mcp:
         )
         self.client = Client(cluster.store, app, settings, CeleryDispatcher(cluster.celery))
 
-    def worker(self, **extra: str) -> None:
-        self.cluster.worker(concurrency=2, AGENT_JOBS_APP=APP, **extra)
+    def worker(self, concurrency: int = 2, **extra: str) -> None:
+        self.cluster.worker(concurrency=concurrency, AGENT_JOBS_APP=APP, **extra)
 
     def start(self, agent: str) -> str:
         return self.client.enqueue_run(agent, "go", actor="user-7")
@@ -195,9 +195,13 @@ def test_a_server_that_is_down_is_a_tool_error_the_model_sees(mcp: Mcp) -> None:
 def test_a_server_that_hangs_ends_the_call_within_the_steps_time_limit(
     mcp: Mcp, server_log: ServerLog
 ) -> None:
-    mcp.worker(AGENT_JOBS_STEP_TIME_LIMIT="5")
+    # One process: a first run opens its connection (a stdio server's start may take
+    # seconds on a loaded machine), so the run that hangs lists its tools on it.
+    mcp.worker(concurrency=1, AGENT_JOBS_STEP_TIME_LIMIT="5")
+    mcp.finished(mcp.start("bench"))
     run_id = mcp.start("hanger_limited")
     mcp.finished(run_id)
+    assert mcp.journal(run_id)["mcp:tools"]["result"]["unavailable"] == {}
     [message] = mcp.tool_messages(run_id)
     assert message.is_error and "did not answer within 4 s" in message.content
     step = mcp.journal(run_id)["tool:call_1"]
