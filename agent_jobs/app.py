@@ -183,14 +183,18 @@ class AgentApp:
         roles: Iterable[str] | None = None,
         idempotent: bool | None = None,
         timeout: float | None = None,
+        approval_timeout: float | None = None,
+        on_timeout: OnTimeout = "reject",
+        escalate_to: Iterable[str] | None = None,
     ) -> McpServer:
         """Take tools from an MCP server: `command=[...]` (and `env`) starts it over
         stdio, `url=` (and `headers`) reaches it over streamable HTTP. Its tools are
         `<name>.<tool>`; an agent names them one by one or as `<name>.*`. A tool whose
         annotations say `readOnlyHint: true` is a read, any other an action, unless
         `kinds` says otherwise; `roles`, `approvers` and `idempotent` are as for
-        `app.tool`, for every tool of the server; `timeout` bounds one call (seconds,
-        within the step's time limit). Nothing is started here: the list is taken by
+        `app.tool`, for every tool of the server, and so are `approval_timeout`,
+        `on_timeout` and `escalate_to` for its actions; `timeout` bounds one call
+        (seconds, within the step's time limit). Nothing is started here: the list is taken by
         each run, at its first model step (docs/mcp.md)."""
         if name in self.mcp_servers:
             raise ConfigurationError(f"an MCP server named {name!r} is already defined")
@@ -205,8 +209,12 @@ class AgentApp:
             approvers=approvers,
             idempotent=idempotent,
             timeout=timeout,
+            approval_timeout=approval_timeout,
+            on_timeout=on_timeout,
+            escalate_to=escalate_to,
         )
-        self.registry.add_prefixed(name, lambda tool: McpTool(server, tool))
+        deadlined = server.approval_timeout is not None
+        self.registry.add_prefixed(name, lambda tool: McpTool(server, tool), deadlined=deadlined)
         self.mcp_servers[name] = server
         return server
 

@@ -357,6 +357,7 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         # Tools known by a prefix rather than one by one: an MCP server's, `<prefix>.<tool>`.
         self._prefixed: dict[str, Callable[[str], Tool]] = {}
+        self._prefixed_deadlined = False
 
     def add(self, tool: Tool) -> Tool:
         if tool.name in self._tools:
@@ -364,12 +365,16 @@ class ToolRegistry:
         self._tools[tool.name] = tool
         return tool
 
-    def add_prefixed(self, prefix: str, make: Callable[[str], Tool]) -> None:
+    def add_prefixed(
+        self, prefix: str, make: Callable[[str], Tool], *, deadlined: bool = False
+    ) -> None:
         """Know every `<prefix>.<tool>` as the tool `make(name)` builds (an MCP server's:
-        who may use and decide it; the run's list says which exist)."""
+        who may use and decide it; the run's list says which exist). `deadlined`: their
+        approvals time out."""
         if prefix in self._prefixed:
             raise ConfigurationError(f"tools prefixed {prefix!r}. are already registered")
         self._prefixed[prefix] = make
+        self._prefixed_deadlined = self._prefixed_deadlined or deadlined
 
     def _by_prefix(self, name: object) -> Tool | None:
         if not isinstance(name, str):
@@ -393,7 +398,8 @@ class ToolRegistry:
     @property
     def deadlined(self) -> bool:
         """Whether any tool's approvals time out (then a run parked on one is looked at)."""
-        return any(tool.approval_timeout is not None for tool in self._tools.values())
+        timed = any(tool.approval_timeout is not None for tool in self._tools.values())
+        return timed or self._prefixed_deadlined
 
     def authorize(self, name: str, actor: str, roles: RolesPolicy, offered: Iterable[str]) -> Tool:
         """The tool, if it is offered to this agent and the actor holds a role for it."""

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from ..checkpoints import McpToolInfo
 from ..errors import ConfigurationError, ToolError, ToolInputError
 from ..messages import ToolSpec
-from ..tools import QuestionsAsked, Tool, ToolContext, ToolKind
+from ..tools import OnTimeout, QuestionsAsked, Tool, ToolContext, ToolKind, _approval_deadline
 from . import elicitation
 from .pool import POOL
 
@@ -53,6 +53,10 @@ class McpServer:
     approvers: frozenset[str] | None = None
     idempotent: bool | None = None
     timeout: float = DEFAULT_TIMEOUT
+    # Its actions' approval deadline (as `app.tool`'s): seconds, what then, to whom.
+    approval_timeout: float | None = None
+    on_timeout: OnTimeout = "reject"
+    escalate_to: frozenset[str] | None = None
     # The SDK's protocol negotiation: "auto" (the default) asks the server and falls back
     # to the initialize handshake of older servers; "legacy" forces that handshake.
     mode: str = "auto"
@@ -71,6 +75,9 @@ class McpServer:
         approvers: Iterable[str] | None,
         idempotent: bool | None,
         timeout: float | None,
+        approval_timeout: float | None = None,
+        on_timeout: OnTimeout = "reject",
+        escalate_to: Iterable[str] | None = None,
     ) -> McpServer:
         """A server's definition, checked: a clear error names what to fix."""
         if not isinstance(name, str) or not _NAME.match(name):
@@ -104,6 +111,9 @@ class McpServer:
             raise ConfigurationError(f"MCP server {name!r}: idempotent must be True or False")
         if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
             raise ConfigurationError(f"MCP server {name!r}: timeout must be seconds > 0")
+        deadline = _approval_deadline(
+            f"of MCP server {name!r}", "action", approval_timeout, on_timeout, escalate_to
+        )
         if importlib.util.find_spec("mcp") is None:
             raise ConfigurationError(
                 f"MCP server {name!r}: the MCP SDK is not installed; install the extra: "
@@ -120,6 +130,9 @@ class McpServer:
             approvers=frozenset(approvers) if approvers is not None else None,
             idempotent=idempotent,
             timeout=float(timeout) if timeout is not None else DEFAULT_TIMEOUT,
+            approval_timeout=deadline[0],
+            on_timeout=deadline[1],
+            escalate_to=deadline[2],
         )
 
     # --- the connection ------------------------------------------------------------------
@@ -286,9 +299,9 @@ class McpTool(Tool):
         self.roles = server.roles
         self.approvers = server.approvers
         self.queue = None
-        self.approval_timeout = None
-        self.on_timeout = "reject"
-        self.escalate_to = None
+        self.approval_timeout = server.approval_timeout
+        self.on_timeout = server.on_timeout
+        self.escalate_to = server.escalate_to
         # A read always runs again after a crash; an action only when the server says so.
         self.idempotent = self.kind == "read" or bool(server.idempotent)
         self.reconciler = None

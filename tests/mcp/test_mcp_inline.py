@@ -247,3 +247,16 @@ def test_a_soft_time_limit_raised_into_a_waiting_call_goes_through_as_it_is(
     threading.Thread(target=raise_once_it_hangs, daemon=True).start()
     with pytest.raises(SoftLimit):
         app.mcp_servers["files"].call("hang", {}, None)
+
+
+def test_an_mcp_action_nobody_approves_in_time_is_rejected(
+    runner: InlineRunner, server_log: ServerLog
+) -> None:
+    before = len(server_log.calls("write_file"))
+    done = runner.run("timed_writer", "write", actor="user-7", timeout=60)
+    assert done.status == "completed", done.error
+    [message] = tool_messages(runner, done.run_id)
+    assert message.is_error and json.loads(message.content)["reason"] == "timeout"
+    call = runner.store.tool_call(done.run_id, "call_1")
+    assert call["status"] == "rejected" and call["approval_deadline"] is not None
+    assert len(server_log.calls("write_file")) == before  # never called

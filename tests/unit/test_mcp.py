@@ -48,6 +48,8 @@ LISTED = McpToolList(tools=[info("files.read_file", "read"), info("files.write",
         ({"command": ["x"], "headers": {"A": "1"}}, "headers are for an HTTP"),
         ({"command": ["x"], "kinds": {"t": "write"}}, "'read' or 'action'"),
         ({"command": ["x"], "timeout": 0}, "timeout"),
+        ({"command": ["x"], "approval_timeout": 0}, "approval_timeout must be"),
+        ({"command": ["x"], "on_timeout": "escalate"}, "need an approval_timeout"),
     ],
 )
 def test_a_bad_server_definition_says_what_to_fix(given: dict[str, Any], problem: str) -> None:
@@ -74,6 +76,20 @@ def test_agents_name_mcp_tools_without_a_server_being_asked() -> None:
     assert APP.offered_mcp(spec, "eve", None) == ["safe.read"]  # files needs `support`
     narrowed = APP.persona("narrow", "p", tools=["files.*"])
     assert APP.offered_mcp(spec, "user-7", narrowed) == ["files.*"]
+
+
+def test_an_mcp_servers_approval_deadline_is_its_actions() -> None:
+    app = AgentApp()
+    app.mcp("plain", command=["x"])
+    assert not app.registry.deadlined
+    app.mcp("s", command=["x"], approval_timeout=5, on_timeout="escalate", escalate_to=["boss"])
+    tool = app.registry.get("s.write")
+    assert (tool.approval_timeout, tool.on_timeout, tool.escalate_to) == (
+        5.0,
+        "escalate",
+        frozenset({"boss"}),
+    )
+    assert app.registry.deadlined
 
 
 def test_the_registry_knows_a_servers_tools_by_their_prefix() -> None:

@@ -27,6 +27,14 @@ app.mcp(
     env={name: os.environ[name] for name in _PASSED if name in os.environ},
     timeout=2,
 )
+# The same server, whose actions are rejected unless approved within a second.
+app.mcp(
+    "timed",
+    command=[sys.executable, "-m", "tests.support.mcp_server"],
+    env={name: os.environ[name] for name in _PASSED if name in os.environ},
+    approvers=["lead"],
+    approval_timeout=1,
+)
 app.mcp(
     "web",
     url=os.environ.get("TEST_MCP_URL", "http://127.0.0.1:9/mcp"),
@@ -77,6 +85,12 @@ app.agent(
         [_calls(("files.write_file", {"path": "h.txt", "text": "gate:held"})), DONE]
     ),
     tools=["files.write_file"],
+)
+# An action nobody approves in time.
+app.agent(
+    "timed_writer",
+    model=ScriptedModel([_calls(("timed.write_file", {"path": "t.txt", "text": "x"})), DONE]),
+    tools=["timed.write_file"],
 )
 # An elicitation: the server asks which account; the person answers.
 app.agent(
