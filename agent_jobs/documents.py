@@ -153,9 +153,10 @@ def _aware(moment: datetime) -> datetime:
 
 
 def _call_of(row: JournalRow, kind: StepKind) -> str | None:
-    """The tool call a step belongs to, for the kinds that have one."""
+    """The tool call a step belongs to, for the kinds that have one (a timer's is the
+    `wait` call it sleeps on: the `call_id` of its `timer` frame)."""
     parsed = names.parse(names.attempted(row.step))
-    if parsed is None or kind not in ("tool", "approval", "answers", "child"):
+    if parsed is None or kind not in ("tool", "approval", "answers", "child", "timer"):
         return None
     intent = row.intent if isinstance(row.intent, Mapping) else {}
     call = intent.get("call")
