@@ -328,3 +328,50 @@ def test_the_fork_preview_names_what_would_run_again_and_writes_nothing(stack: S
         "UnknownRunError",
     )
     assert settled(stack.written, what="the runs and threads") == before
+
+
+# --- a sleeping run ----------------------------------------------------------------------
+
+
+def test_a_sleeping_run_shows_its_wake_time_everywhere_and_a_message_wakes_it(
+    stack: Stack,
+) -> None:
+    word = tag()
+    run_id = stack.start("user-7", agent="sleeper", text=json.dumps({"seconds": 3600}))
+    stack.doors.wait_status(run_id, "sleeping")
+
+    doc = stack.call("user-7", "GET", f"/v1/runs/{run_id}").json()
+    assert doc["status"] == "sleeping" and doc["wake_at"]
+    wake_at = datetime.fromisoformat(doc["wake_at"])
+    assert doc["waiting_on"].startswith("sleeping until ")
+    # The list's `sleeping` filter has it (the tag is not in its input: look by its id).
+    assert ids(listed(stack, "olga", q=run_id, status="sleeping")) == [run_id]
+    assert ids(listed(stack, "olga", q=run_id, status="completed")) == []
+    row = listed(stack, "user-7", q=run_id)["runs"][0]
+    assert row["status"] == "sleeping" and row["waiting_on"] == doc["waiting_on"]
+    # The journal holds the sleep as a `timer` step, waiting, with its wake time.
+    steps = stack.call("user-7", "GET", f"/v1/runs/{run_id}/steps").json()["steps"]
+    [timer] = [s for s in steps if s["kind"] == "timer"]
+    assert timer["state"] == "waiting"
+    assert datetime.fromisoformat(timer["intent"]["wake_at"]) == wake_at
+    # Its live stream has the `timer` frame, with the call and the wake time.
+    with stack.stream("user-7", f"/v1/runs/{run_id}/stream") as reply:
+        frame = next(
+            e.frame for e in events(reply) if e.data is not None and e.frame["type"] == "timer"
+        )
+    assert frame["call_id"] == timer["call_id"] and frame["run_id"] == run_id
+    assert datetime.fromisoformat(frame["wake_at"]) == wake_at
+
+    # A message wakes it long before its time; it reads the message and completes.
+    said = stack.call(
+        "user-7", "POST", f"/v1/runs/{run_id}/messages", json={"text": f"{word} green"}
+    )
+    assert said.status_code == 202, said.text
+    done = stack.doors.wait_status(run_id, "completed")
+    assert json.loads(done.output or "")["messages"] == [f"{word} green"]
+    after = stack.call("user-7", "GET", f"/v1/runs/{run_id}").json()
+    assert after["status"] == "completed" and after["wake_at"] is None
+    steps = stack.call("user-7", "GET", f"/v1/runs/{run_id}/steps").json()["steps"]
+    [timer] = [s for s in steps if s["kind"] == "timer"]
+    assert timer["state"] == "done" and timer["result"]["woke"] == "message"
+    assert datetime.fromisoformat(timer["result"]["at"]) < wake_at

@@ -2,7 +2,8 @@
 
 An actor for each part of the auth model: `user-7` and `bob` ask (support), `alice`
 and `carol` approve (lead), `eve` has no role, `backend` is a service, `olga` an operator
-(reads and controls every run, decides nothing). The refund's
+(reads and controls every run, decides nothing). `sleeper` (tests/support/apps/timers.py)
+calls `wait` with its input's arguments (`{"seconds": 3600}`). The refund's
 `note` carries the run's input word for word, so a test chooses the arguments a person
 is shown (markup included). Executions are counted in `tests.apps`' side table.
 """
@@ -16,6 +17,7 @@ from agent_jobs.messages import ModelRequest, ModelResponse
 from agent_jobs.models.base import DeltaSink
 from agent_jobs.tools import ToolContext
 from tests.support.apps import record
+from tests.support.apps.timers import SleepyModel
 
 ACTORS = {
     "user-7": ["support"],
@@ -83,3 +85,4 @@ app.agent(
     tools=["schedule"],
 )
 app.agent("chat", model=ScriptedModel([{"text": "just words, no tools"}]))
+app.agent("sleeper", model=SleepyModel(), timers=True, max_steps=4)
