@@ -14,12 +14,13 @@ import re
 import signal
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 from tests.support.apps import executed, open_gate
-from tests.support.apps.console import HELD_ARGS, HELD_WORDS
+from tests.support.apps.console import HELD_ARGS, HELD_WORDS, TICK
 from tests.support.apps.http import ANSWER
 from tests.support.browser import browser_page, screenshot
 from tests.support.doors import approval, signed
@@ -482,6 +483,73 @@ def test_reconcile_a_call_whose_outcome_is_unknown_on_its_page(stack: Stack, pag
     status_is(page, "completed")
     item.wait_for(state="detached")
     assert [w for w, _ in executed(run_id) if w.startswith("pay")] == starts  # never again
+    assert page.console_errors == []
+
+
+def test_a_sleeping_run_is_listed_as_such_says_when_it_wakes_and_wakes_on_a_message(
+    stack: Stack, page: Any
+) -> None:
+    run_id = stack.start("user-7", agent="sleeper", text=json.dumps({"seconds": 3600}))
+    wake_at = stack.doors.wait_status(run_id, "sleeping").wake_at
+    assert wake_at is not None
+    # The list's `sleeping` filter, from the form: the sleeper is there (found by its id).
+    open_as(page, stack, "olga", f"/runs?q={run_id}")
+    shows(page, [run_id])
+    page.check("#statuses input[value='sleeping']")
+    page.click("#filters button[type=submit]")
+    page.wait_for_url(re.compile("status=sleeping"))
+    shows(page, [run_id])
+    assert row(page, run_id).get_attribute("data-status") == "sleeping"
+
+    # Its page: sleeping, until when, and the sleep on its timeline.
+    row(page, run_id).locator("a.run-link").click()
+    page.wait_for_url(f"**/runs/{run_id}")
+    status_is(page, "sleeping")
+    wakes = page.locator("#facts dt:text-is('wakes') + dd time")
+    shown = wakes.get_attribute("datetime") or ""
+    assert datetime.fromisoformat(shown) == wake_at
+    assert "sleeping until" in (page.text_content("#facts .waiting-on") or "")
+    page.locator("li.step[data-kind='timer'][data-step='timer:nap']").wait_for()
+    screenshot(page, "console-run-sleeping")
+
+    # A message wakes it: the open page follows it to the end, and no longer says it wakes.
+    said = stack.call("user-7", "POST", f"/v1/runs/{run_id}/messages", json={"text": "wake"})
+    assert said.status_code == 202, said.text
+    status_is(page, "completed")
+    page.locator("#facts dt:text-is('wakes')").wait_for(state="detached")
+    assert json.loads(page.text_content("#result .output") or "")["messages"] == ["wake"]
+    assert page.console_errors == []
+
+
+def test_a_scheduled_runs_page_opens_from_its_link_with_its_timeline(
+    stack: Stack, page: Any
+) -> None:
+    def ticked() -> str | None:
+        reply = stack.call("olga", "GET", "/v1/runs", params={"schedule": TICK})
+        done = [r["run_id"] for r in reply.json()["runs"] if r["status"] == "completed"]
+        return done[0] if done else None
+
+    run_id = eventually(ticked, what=f"a completed run of the schedule {TICK}")
+    assert run_id.startswith(f"sched:{TICK}:")  # colons in the id, and so in its address
+    steps = stack.call("olga", "GET", f"/v1/runs/{run_id}/steps").json()["steps"]
+    open_as(page, stack, "olga", f"/runs?schedule={TICK}")
+    row(page, run_id).wait_for()
+    link = row(page, run_id).locator("a.run-link")
+    assert link.get_attribute("href") == "/runs/" + run_id.replace(":", "%3A")
+    link.click()
+    page.wait_for_url(re.compile(re.escape("/runs/" + run_id.replace(":", "%3A")) + "$"))
+    status_is(page, "completed")
+    assert page.text_content("#run-id") == run_id
+    page.wait_for_function(
+        f"document.querySelectorAll('#timeline li.step').length === {len(steps)}"
+    )
+    shown = page.eval_on_selector_all("#timeline li.step", "rows => rows.map(r => r.dataset.step)")
+    assert shown == [s["step"] for s in steps]
+    assert page.text_content("#result .output") == "just words, no tools"
+    # Typed with its colons as they are, the address opens the same run.
+    visit(page, stack, f"/runs/{run_id}")
+    status_is(page, "completed")
+    assert page.text_content("#run-id") == run_id
     assert page.console_errors == []
 
 

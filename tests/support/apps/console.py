@@ -15,6 +15,9 @@ actors and agents) with the agents the console's page tests need.
 - `held_writer` writes a `refund` call's arguments in two pieces and holds between them
   until the test opens the run's gate: the page shows the call being written, then the
   call as recorded (an action: the run waits for a lead).
+- The schedule `console-tick` starts a `chat` run every five seconds (beat ticks it): runs
+  whose ids (`sched:console-tick:<time>`) hold colons. It catches up nothing, so a stack
+  started again does not begin with the occurrences it missed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from tests.support.apps.base import CountingModel, HeldTextModel, record, wait_f
 from tests.support.apps.http import app
 from tests.support.apps.runtime import FlakyModel
 
-__all__ = ["app"]
+__all__ = ["TICK", "app"]
+
+TICK = "console-tick"  # the schedule's name
 
 HELD_WORDS = "Reading the order history slowly, one entry at a time."
 # The two pieces of the arguments `held_writer` writes, the second held until the gate opens.
@@ -98,3 +103,6 @@ def _delegate(agent: str, task: str, answer: str) -> CountingModel:
 
 app.agent("desk", model=_delegate("chat", "say something", "the desk is done"), tools=["chat"])
 app.agent("office", model=_delegate("desk", "see to it", "the office is done"), tools=["desk"])
+app.schedule(
+    TICK, agent="chat", cron="* * * * * */5", input="a tick", actor="backend", catch_up="none"
+)
