@@ -1,6 +1,6 @@
 """Benchmark: what an MCP tool call costs over a plain tool's, in the same run.
 
-    flock /tmp/aj/bench.lock .venv/bin/python -m bench.mcp_overhead [--runs 100] [--pool threads]
+    .venv/bin/python -m bench.mcp_overhead [--runs 100] [--pool threads]
 
 Each run of the MCP test app's `bench` agent (tests/support/apps/mcp.py) calls a plain
 read tool (`lookup`, a Python function), then an MCP read tool (`files.stat`, on the stdio
