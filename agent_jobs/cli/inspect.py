@@ -55,8 +55,10 @@ def status(run_id: str, as_json: bool) -> None:
         out.print(line)
     usage = doc["usage"]
     cost = f"  cost {usage['cost']:.6f}" if usage["cost"] is not None else ""
+    read, written = usage.get("cache_read_tokens", 0), usage.get("cache_write_tokens", 0)
+    cached = f" ({read} read from the cache, {written} written to it)" if read or written else ""
     out.print(
-        f"tokens in {usage['input_tokens']} out {usage['output_tokens']} "
+        f"tokens in {usage['input_tokens']}{cached} out {usage['output_tokens']} "
         f"over {usage['model_calls']} model calls{cost}"
     )
     if run.output is not None:

@@ -475,7 +475,8 @@ def run_tree_ids(conn: Connection, run_id: str) -> list[str]:
 
 
 def run_totals(conn: Connection, run_id: str) -> dict[str, Any]:
-    """Token and cost totals of a run, its delegated children included."""
+    """Token and cost totals of a run, its delegated children included; of the input
+    tokens, how many the provider read from its prompt cache and wrote to it."""
     ids = run_tree_ids(conn, run_id)
     row = conn.execute(
         select(
@@ -483,6 +484,8 @@ def run_totals(conn: Connection, run_id: str) -> dict[str, Any]:
             func.coalesce(func.sum(usage.c.output_tokens), 0),
             func.sum(usage.c.cost),
             func.count(),
+            func.coalesce(func.sum(usage.c.cache_read_tokens), 0),
+            func.coalesce(func.sum(usage.c.cache_write_tokens), 0),
         ).where(usage.c.run_id.in_(ids))
     ).one()
     return {
@@ -490,6 +493,8 @@ def run_totals(conn: Connection, run_id: str) -> dict[str, Any]:
         "output_tokens": int(row[1]),
         "cost": float(row[2]) if row[2] is not None else None,
         "model_calls": int(row[3]),
+        "cache_read_tokens": int(row[4]),
+        "cache_write_tokens": int(row[5]),
     }
 
 

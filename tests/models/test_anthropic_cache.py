@@ -5,6 +5,9 @@ ledger and the cost, and the setting that turns it off."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +26,13 @@ from fakeprovider import (
 from pydantic import SecretStr
 
 from agent_jobs import InlineRunner, Store
-from agent_jobs.messages import Message, ToolCall, ToolSpec
+from agent_jobs.messages import Message, ToolCall, ToolSpec, Usage
 from agent_jobs.models.anthropic import AnthropicModel
 from agent_jobs.models.pricing import PriceTable
 from agent_jobs.models.registry import ProviderSettings, resolve_model
 from agent_jobs.settings import Settings
+from agent_jobs.store import usage
+from tests.support.builders import add_run
 from tests.support.waiting import TIMEOUT
 
 MODEL = "claude-haiku-4-5"
@@ -251,6 +256,7 @@ def test_the_ledger_holds_what_the_provider_billed(fake: FakeProvider, tmp_path:
     try:
         run = runner.run("anthropic", "Where is order 7?", actor="user-7", timeout=TIMEOUT)
         rows = store.usage(run.run_id)
+        totals = store.totals(run.run_id)
     finally:
         store.engine.dispose()
         for spec in app.agents.values():
@@ -276,3 +282,46 @@ def test_the_ledger_holds_what_the_provider_billed(fake: FakeProvider, tmp_path:
     costs = [(20 * 1.0 + 3000 * 1.25 + 30 * 5.0) / 1e6, (60 * 1.0 + 3000 * 0.1 + 12 * 5.0) / 1e6]
     assert [r["cost"] for r in rows] == [pytest.approx(c) for c in costs]
     assert {r["cost_source"] for r in rows} == {"price_table"}
+    # The run's totals (status, GET /v1/runs/{id}) say what the cache took.
+    assert (totals["input_tokens"], totals["cache_read_tokens"], totals["cache_write_tokens"]) == (
+        3020 + 3060,
+        3000,
+        3000,
+    )
+    assert totals["cost"] == pytest.approx(sum(costs))
+
+
+@pytest.mark.processes  # the CLI as a user runs it
+def test_status_says_what_the_cache_took(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'status.db'}"
+    store = Store.from_url(url, auto_upgrade=True)
+    add_run(store, "cached-1")
+    with store.begin() as conn:
+        for step, spent in (
+            ("model:1", Usage(input_tokens=3020, output_tokens=30, cache_write_tokens=3000)),
+            ("model:2", Usage(input_tokens=3060, output_tokens=12, cache_read_tokens=3000)),
+        ):
+            usage.charge(
+                conn,
+                run_id="cached-1",
+                thread_id="t1",
+                actor="u",
+                day="2026-12-05",
+                step=step,
+                kind="turn",
+                model="claude",
+                spent=spent,
+            )
+    store.engine.dispose()
+    env = {**os.environ, "AGENT_JOBS_DATABASE_URL": url}
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_jobs.cli", "status", "cached-1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tokens in 6080 (3000 read from the cache, 3000 written to it) out 42" in done.stdout
