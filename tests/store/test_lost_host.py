@@ -23,7 +23,7 @@ from agent_jobs.store import journal as journal_rows
 from agent_jobs.store.db import utcnow
 from tests.support.builders import add_run
 from tests.support.services import truncate_all, wait_for_a_lock
-from tests.support.waiting import eventually
+from tests.support.waiting import TIMEOUT, eventually
 
 LOST = "lost-host:boot:1|4242|99"  # a process of another machine, taken for dead
 
@@ -146,7 +146,10 @@ def test_a_lost_hosts_lock_is_waited_for_only_by_what_needs_its_row(pg_store: St
         lost.rollback()
         lost.close()
     eventually(lambda: done, what="the outcome to be written once the lock is let go")
-    assert done == [True]
+    # Its connection goes back to the pool after `done` is set: wait for that, or the
+    # store is disposed under it and the connection, left open, is found in a later test.
+    writer.join(TIMEOUT)
+    assert done == [True] and not writer.is_alive()
 
 
 def test_every_connection_asks_both_sides_to_find_a_silent_peer_gone(
