@@ -221,7 +221,21 @@ class Doors:
         return run_id, str(call["call_id"])
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
-        """Everything a decision could change, to show that nothing did."""
+        """Everything a decision could change, to show that nothing did: once two reads
+        in a row agree (a pass that parked a run may still be writing its last rows, and
+        a run of an earlier test may still be ending)."""
+        last: list[dict[str, Any]] = [self._read(run_id)]
+
+        def settled() -> dict[str, Any] | None:
+            now = self._read(run_id)
+            if now == last[0]:
+                return now
+            last[0] = now
+            return None
+
+        return eventually(settled, what=f"the store to settle around run {run_id}", every=0.2)
+
+    def _read(self, run_id: str) -> dict[str, Any]:
         with self.store.connect() as conn:
             return {
                 # In a stated order: a row updated since (a lease let go after the run
