@@ -221,9 +221,9 @@ class Doors:
         return run_id, str(call["call_id"])
 
     def snapshot(self, run_id: str) -> dict[str, Any]:
-        """Everything a decision could change, to show that nothing did: once two reads
-        in a row agree (a pass that parked a run may still be writing its last rows, and
-        a run of an earlier test may still be ending)."""
+        """Everything a decision on this run could change, to show that nothing did: once
+        two reads in a row agree (a pass that parked the run may still be writing its last
+        rows)."""
         last: list[dict[str, Any]] = [self._read(run_id)]
 
         def settled() -> dict[str, Any] | None:
@@ -238,9 +238,20 @@ class Doors:
     def _read(self, run_id: str) -> dict[str, Any]:
         with self.store.connect() as conn:
             return {
-                # In a stated order: a row updated since (a lease let go after the run
-                # ended) comes back elsewhere in an unordered scan.
-                "runs": [dict(r._mapping) for r in conn.execute(select(runs).order_by(runs.c.id))],
+                # This run's family in full; of the others only that they are there and no
+                # new one: an earlier test's run may still be ending, which no decision on
+                # this run changes. In a stated order: a row updated since comes back
+                # elsewhere in an unordered scan.
+                "runs": [
+                    dict(r._mapping)
+                    for r in conn.execute(
+                        select(runs)
+                        .where(runs.c.root_run_id == select(runs.c.root_run_id)
+                               .where(runs.c.id == run_id).scalar_subquery())
+                        .order_by(runs.c.id)
+                    )
+                ],
+                "run_ids": conn.execute(select(runs.c.id).order_by(runs.c.id)).scalars().all(),
                 "threads": conn.execute(select(threads.c.id).order_by(threads.c.id))
                 .scalars()
                 .all(),
