@@ -52,6 +52,7 @@ import psycopg
 from sqlalchemy import ColumnElement, Connection, Engine, event, literal_column
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
+from sqlalchemy.types import TypeDecorator
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE  # the server is in no transaction
 # Where a connection keeps its waiting statements (SQLAlchemy's per-connection `info`).
@@ -93,6 +94,9 @@ class _Compiled:
     compiled: Any
     processors: dict[str, Callable[[Any], Any]]
     names: list[str] | None = None  # the result's column names, read at its first run
+    # The result's processors by position, where a column's type has one (a payload's
+    # codecs, agent_jobs/store/payloads.py); psycopg's own types need none.
+    results: tuple[tuple[int, Callable[[Any], Any]], ...] = ()
 
     def rows(self, cursor: Any) -> Callable[[Sequence[Any]], Row]:
         """The row factory: the statement's column names are the same at every run, so
@@ -100,7 +104,17 @@ class _Compiled:
         names = self.names
         if names is None:
             names = self.names = [column.name for column in cursor.description or ()]
-        return lambda values: Row(dict(zip(names, values, strict=True)))
+        results = self.results
+        if not results:
+            return lambda values: Row(dict(zip(names, values, strict=True)))
+
+        def row(values: Sequence[Any]) -> Row:
+            processed = list(values)
+            for index, process in results:
+                processed[index] = process(processed[index])
+            return Row(dict(zip(names, processed, strict=True)))
+
+        return row
 
     def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = self.compiled.construct_params(values)
@@ -128,7 +142,13 @@ def _compile(conn: Connection, statement: Executable, keys: frozenset[str]) -> _
         process = bind.type.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:
             processors[name] = process
-    entry = _COMPILED[key] = _Compiled(statement, sql, compiled, processors)
+    results: list[tuple[int, Callable[[Any], Any]]] = []
+    for index, column in enumerate(getattr(compiled, "_result_columns", None) or ()):
+        if isinstance(column.type, TypeDecorator):
+            process = column.type.dialect_impl(dialect).result_processor(dialect, None)
+            if process is not None:
+                results.append((index, process))
+    entry = _COMPILED[key] = _Compiled(statement, sql, compiled, processors, None, tuple(results))
     return entry
 
 

@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from agent_jobs.store.payloads import Payload, PayloadText
+
 metadata = MetaData()
 
 # JSONB on Postgres (compact, indexable), plain JSON text on SQLite.
@@ -49,12 +51,12 @@ runs = Table(
     Column("agent", String(200), nullable=False),
     Column("actor", String(200), nullable=False),
     Column("persona", String(200), nullable=True),
-    Column("input", Text, nullable=False),
+    Column("input", PayloadText, nullable=False),
     Column("status", String(32), nullable=False),
-    Column("output", Text, nullable=True),
+    Column("output", PayloadText, nullable=True),
     Column("error", Text, nullable=True),
     Column("error_type", String(200), nullable=True),
-    Column("metadata", Json, nullable=False),
+    Column("metadata", Payload, nullable=False),
     Column("runner", String(16), nullable=False),
     Column("parent_run_id", String(64), ForeignKey("runs.id"), nullable=True),
     # The top-level ancestor: its live stream carries this run's frames.
@@ -148,8 +150,8 @@ messages = Table(
     Column("thread_id", String(64), ForeignKey("threads.id"), nullable=False),
     Column("run_id", String(64), nullable=True),
     Column("role", String(16), nullable=False),
-    Column("content", Text, nullable=False),
-    Column("tool_calls", Json, nullable=True),
+    Column("content", PayloadText, nullable=False),
+    Column("tool_calls", Payload, nullable=True),
     Column("tool_call_id", String(200), nullable=True),
     Column("name", String(200), nullable=True),
     Column("is_error", Boolean, nullable=False, default=False),
@@ -165,14 +167,14 @@ tool_calls = Table(
     Column("thread_id", String(64), nullable=False),
     Column("name", String(200), nullable=False),
     Column("kind", String(16), nullable=False),
-    Column("args", Json, nullable=False),
+    Column("args", Payload, nullable=False),
     # auto_executed | pending_approval | approved | rejected | executed | failed
     Column("status", String(32), nullable=False),
-    Column("result", Json, nullable=True),
+    Column("result", Payload, nullable=True),
     Column("error", Text, nullable=True),
     Column("decision", String(16), nullable=True),
     Column("decided_by", String(200), nullable=True),
-    Column("decision_reason", Text, nullable=True),
+    Column("decision_reason", PayloadText, nullable=True),
     Column("decided_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
@@ -253,8 +255,8 @@ journal = Table(
     Column("seq", Integer, nullable=False),
     # scheduled -> started -> done | failed; "waiting" for a human decision.
     Column("state", String(16), nullable=False),
-    Column("intent", Json, nullable=True),
-    Column("result", Json, nullable=True),
+    Column("intent", Payload, nullable=True),
+    Column("result", Payload, nullable=True),
     Column("error", Text, nullable=True),
     Column("attempts", Integer, nullable=False, default=0),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -288,7 +290,7 @@ events = Table(
     Column("seq", BigInteger, primary_key=True),
     Column("run_id", String(64), nullable=True),
     Column("type", String(64), nullable=False),
-    Column("data", Json, nullable=False),
+    Column("data", Payload, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 
@@ -300,8 +302,8 @@ questions = Table(
     Column("request_id", String(300), primary_key=True),
     Column("call_id", String(200), nullable=False),
     Column("tool", String(200), nullable=False),
-    Column("questions", Json, nullable=False),
-    Column("answers", Json, nullable=True),
+    Column("questions", Payload, nullable=False),
+    Column("answers", Payload, nullable=True),
     Column("answered_by", String(200), nullable=True),
     Column("answered_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -318,7 +320,7 @@ outbox = Table(
     Column("event_id", String(64), nullable=False, unique=True),
     Column("type", String(64), nullable=False),
     Column("run_id", String(64), nullable=False),
-    Column("body", Json, nullable=False),
+    Column("body", Payload, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("streamed_at", DateTime(timezone=True), nullable=True),  # on agent_jobs:events
     Column("delivered_at", DateTime(timezone=True), nullable=True),  # everywhere it goes
