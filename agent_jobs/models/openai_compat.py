@@ -112,6 +112,7 @@ class _Assembly:
     finished: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
     usage_cost: float | None = None
     model: str | None = None
 
@@ -123,6 +124,11 @@ class _Assembly:
         if isinstance(usage, Mapping):
             self.input_tokens = _int(usage.get("prompt_tokens"))
             self.output_tokens = _int(usage.get("completion_tokens"))
+            # Of the prompt's tokens, those OpenAI read from its prompt cache (automatic
+            # for long prompts; billed at the cached price, and counted in prompt_tokens).
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, Mapping):
+                self.cache_read_tokens = _int(details.get("cached_tokens"))
             # OpenRouter adds `cost` (USD) to the usage object when asked for it.
             self.usage_cost = as_cost(usage.get("cost"))
         choices = chunk.get("choices")
@@ -322,6 +328,7 @@ class OpenAICompatModel:
             if assembly.usage_cost is not None
             else header_cost(headers),
             prices=self.prices,
+            cache_read_tokens=min(assembly.cache_read_tokens, assembly.input_tokens),
         )
         try:
             calls = assembly.tool_calls()

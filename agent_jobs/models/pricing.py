@@ -60,23 +60,23 @@ class ModelPrice(BaseModel):
 
 
 BUILTIN_PRICES: Mapping[str, ModelPrice] = {
-    model: ModelPrice(input=price_in, output=price_out)
-    for model, (price_in, price_out) in {
-        # OpenAI
-        "gpt-4.1": (2.00, 8.00),
-        "gpt-4.1-mini": (0.40, 1.60),
-        "gpt-4.1-nano": (0.10, 0.40),
-        "gpt-4o": (2.50, 10.00),
-        "gpt-4o-mini": (0.15, 0.60),
-        "o3": (2.00, 8.00),
-        "o4-mini": (1.10, 4.40),
-        # Anthropic
-        "claude-opus-4-1": (15.00, 75.00),
-        "claude-opus-4": (15.00, 75.00),
-        "claude-sonnet-4-5": (3.00, 15.00),
-        "claude-sonnet-4": (3.00, 15.00),
-        "claude-haiku-4-5": (1.00, 5.00),
-        "claude-3-5-haiku": (0.80, 4.00),
+    model: ModelPrice(input=price_in, output=price_out, cache_read=cached)
+    for model, (price_in, price_out, cached) in {
+        # OpenAI: a cached input token at its own price; writing the cache costs nothing.
+        "gpt-4.1": (2.00, 8.00, 0.50),
+        "gpt-4.1-mini": (0.40, 1.60, 0.10),
+        "gpt-4.1-nano": (0.10, 0.40, 0.025),
+        "gpt-4o": (2.50, 10.00, 1.25),
+        "gpt-4o-mini": (0.15, 0.60, 0.075),
+        "o3": (2.00, 8.00, 0.50),
+        "o4-mini": (1.10, 4.40, 0.275),
+        # Anthropic: the cache's default factors of the input price (ModelPrice).
+        "claude-opus-4-1": (15.00, 75.00, None),
+        "claude-opus-4": (15.00, 75.00, None),
+        "claude-sonnet-4-5": (3.00, 15.00, None),
+        "claude-sonnet-4": (3.00, 15.00, None),
+        "claude-haiku-4-5": (1.00, 5.00, None),
+        "claude-3-5-haiku": (0.80, 4.00, None),
     }.items()
 }
 

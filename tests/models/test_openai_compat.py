@@ -546,3 +546,28 @@ def test_an_mcp_tools_name_is_sent_as_one_the_api_takes_and_named_back(
     assert [t["function"]["name"] for t in sent["tools"]] == ["files_read_file", "lookup"]
     [assistant] = [m for m in sent["messages"] if m["role"] == "assistant"]
     assert assistant["tool_calls"][0]["function"]["name"] == "files_read_file"
+
+
+def test_cached_prompt_tokens_are_counted_and_billed_at_the_cached_price(
+    fake: FakeProvider, model: Any
+) -> None:
+    """OpenAI caches long prompts by itself and says how many of the prompt's tokens it
+    read from the cache (`prompt_tokens_details.cached_tokens`, within `prompt_tokens`):
+    they are billed at the model's cached-input price ($0.10/M for gpt-4.1-mini)."""
+    fake.add(
+        text_reply(
+            "Hi",
+            prompt=3000,
+            completion=100,
+            prompt_tokens_details={"cached_tokens": 2048, "audio_tokens": 0},
+        )
+    )
+    usage = model.run_turn(make_request(), RecordingSink()).usage
+    assert (usage.input_tokens, usage.cache_read_tokens, usage.cache_write_tokens) == (
+        3000,
+        2048,
+        0,
+    )
+    billed = (952 * 0.40 + 2048 * 0.10 + 100 * 1.60) / 1e6
+    assert usage.cost == pytest.approx(billed)
+    assert usage.cost_source == "price_table"
