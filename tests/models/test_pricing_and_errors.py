@@ -32,7 +32,7 @@ from agent_jobs.models.pricing import ModelPrice, PriceTable, load_price_table, 
     ],
 )
 def test_a_model_is_found_under_its_aliases(model: str) -> None:
-    assert PriceTable().price_for(model) == ModelPrice(input=0.40, output=1.60)
+    assert PriceTable().price_for(model) == ModelPrice(input=0.40, output=1.60, cache_read=0.10)
 
 
 def test_dated_claude_ids_cost_what_their_alias_costs() -> None:
