@@ -22,6 +22,7 @@ from sqlalchemy import (
 
 from . import driver, locks
 from .db import utcnow
+from .payloads import stored
 from .schema import events, runs, threads
 
 PendingEvent = tuple[str, str | None, str, dict[str, Any]]  # thread, run, type, data
@@ -105,7 +106,7 @@ def _append_pg(
     before: tuple[str, dict[str, Any]] | None,
 ) -> None:
     rows = [
-        {"ord": ord, "run_id": run_id, "type": kind, "data": data}
+        {"ord": ord, "run_id": run_id, "type": kind, "data": stored(data)}
         for ord, (_, run_id, kind, data) in enumerate(batch, start=1)
     ]
     params = {"thread_id": thread_id, "n": len(batch), "rows": json.dumps(rows), "now": now}

@@ -21,13 +21,15 @@ from sqlalchemy import (
     update,
 )
 
+from ..checkpoints import model_prefix
 from . import driver
 from . import events as event_rows
 from . import runs as run_rows
 from .db import insert_unless_exists, this_process, utcnow
 from .events import PendingEvent
 from .holds import FENCED, IN_FLIGHT
-from .model_requests import MODEL_TURN, expand
+from .model_requests import expand, is_model_turn
+from .payloads import Codecs, stored
 from .schema import journal, runs
 
 StepState = Literal["scheduled", "started", "done", "failed", "waiting"]
@@ -216,12 +218,15 @@ def whole_model_intent(conn: Connection, run_id: str, step: str) -> Any | None:
 
 def _model_intents(conn: Connection, run_id: str, *, before: int | None = None) -> dict[str, Any]:
     values = {"run_id": run_id, "before": before if before is not None else 2**31 - 1}
-    return {row.step: row.intent for row in driver.rows(conn, _MODEL_INTENTS, values)}
+    found = driver.rows(conn, _MODEL_INTENTS, values)
+    return {row.step: row.intent for row in found if is_model_turn(row.intent)}
 
 
+# By the steps' names, not by the intents' `type`: a payload is looked at once decoded
+# (agent_jobs/store/payloads.py), never inside the database.
 _MODEL_INTENTS = select(journal.c.step, journal.c.intent).where(
     journal.c.run_id == bindparam("run_id"),
-    journal.c.intent["type"].as_string() == literal_column(f"'{MODEL_TURN}'"),
+    journal.c.step.like(literal_column(f"'{model_prefix()}%'")),
     journal.c.seq < bindparam("before"),
 )
 
@@ -406,6 +411,8 @@ def insert_many(
             conn.execute(_INSERT, rows)
         event_rows.append(conn, events)
         return
+    if Codecs.installed:  # the document's values reach no column type: encoded here
+        rows = [r | {"intent": stored(r["intent"]), "result": stored(r["result"])} for r in rows]
     params = {"journal_rows": json.dumps(rows, default=_json_default, ensure_ascii=False)}
     if events:
         event_rows.append(conn, events, before=(_INSERT_RECORDS_CTE, params))

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 
 from ..errors import InvalidRequestError
+from ..schedules.spec import PREFIX as SCHEDULE_PREFIX
 from .db import contains_nul
 from .runs import RUN_STATUSES
 from .schema import SEARCH_TEXT, runs, tool_calls
@@ -161,7 +162,7 @@ def _conditions(where: RunFilter) -> list[ColumnElement[bool]]:
         if value is not None:
             found.append(column == value)
     if where.schedule is not None:
-        found.append(runs.c.metadata["schedule"].as_string() == where.schedule)
+        found.append(_of_schedule(where.schedule))
     if where.since is not None:
         found.append(runs.c.created_at >= _utc(where.since))
     if where.until is not None:
@@ -169,6 +170,16 @@ def _conditions(where: RunFilter) -> list[ColumnElement[bool]]:
     if where.q:
         found.append(_search(where.q))
     return found
+
+
+def _of_schedule(name: str) -> ColumnElement[bool]:
+    """The runs a schedule started: by their ids (`sched:<name>:…`, which a payload
+    codec leaves as they are), or by their metadata's `schedule` where it is stored
+    clear."""
+    return or_(
+        runs.c.id.startswith(f"{SCHEDULE_PREFIX}:{name}:", autoescape=True),
+        runs.c.metadata["schedule"].as_string() == name,
+    )
 
 
 def _search(q: str) -> ColumnElement[bool]:

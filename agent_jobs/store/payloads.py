@@ -62,6 +62,15 @@ class Codecs:
         return stored
 
 
+def stored(value: Any) -> Any:
+    """A JSON payload as its column keeps it: for a statement that writes payloads it
+    carries inside a document of its own (Postgres' `jsonb_to_recordset`), where no
+    column type sees them."""
+    if value is None or not Codecs.installed:
+        return value
+    return Codecs.encode_json(value)
+
+
 class Payload(TypeDecorator[Any]):
     """A JSON payload: JSONB on Postgres, JSON text on SQLite."""
 

@@ -172,6 +172,7 @@ _FINISH = text(
     """
 ).bindparams(
     bindparam("b_result", type_=tool_calls.c.result.type),
+    bindparam("content", type_=messages.c.content.type),
     bindparam("tool_calls", type_=messages.c.tool_calls.type),
 )
 
