@@ -113,6 +113,21 @@ def start_run_label(kwargs: Any, task_id: str) -> str:
     return run_label(head, run_id[:64] if isinstance(run_id, str) and run_id else task_id)
 
 
+# A run request's payloads: with encryption at rest on, Flower shows them as `…`.
+_SEALED_KWARGS = ("input", "metadata")
+
+
+def start_run_kwargs(kwargs: Any) -> str | None:
+    """A `start_run` task's keyword arguments as Flower shows them: with encryption at
+    rest on, its payloads (input, metadata) left out (docs/security.md, "Encryption at
+    rest"); else None (as sent)."""
+    from .encryption import keyring
+
+    if not keyring().encrypting or not isinstance(kwargs, Mapping):
+        return None
+    return repr({k: "…" if k in _SEALED_KWARGS else v for k, v in kwargs.items()})
+
+
 def tool_of(intent: Any) -> str | None:
     """The tool a remote step's intent (as journaled) calls, if it calls one."""
     if isinstance(intent, Mapping) and intent.get("type") == "invoke_tool":
@@ -231,6 +246,7 @@ class CeleryDispatcher:
             task_id=task_id,
             queue=self.queue,
             argsrepr=start_run_label(kwargs, task_id),
+            kwargsrepr=start_run_kwargs(kwargs),
         )
         return str(result.id)
 

@@ -112,6 +112,24 @@ class RunAbandonedError(StoreError):
         )
 
 
+class EncryptionError(StoreError):
+    """A payload could not be sealed or opened (docs/security.md, "Encryption at rest")."""
+
+
+class PayloadKeyError(EncryptionError):
+    """A stored payload cannot be read: the key it was sealed under is missing, wrong or
+    forgotten, or its bytes were changed. Nothing is shown in its place."""
+
+    def __init__(self, key_id: str, message: str) -> None:
+        self.key_id = key_id
+        super().__init__(message)
+
+
+class PayloadOwnerError(EncryptionError):
+    """A payload was to be written with encryption on, and no actor owns it (the store
+    did not say whose run it belongs to): nothing is written in the clear instead."""
+
+
 class InvalidRequestError(AgentJobsError):
     """A request from outside (a run request, a message, a decision) is malformed."""
 

@@ -185,6 +185,12 @@ class Settings(SettingsBase):
     # Runs one actor may have going in `serve` without a broker (each holds a thread).
     api_inline_runs_per_actor: int = Field(default=50, ge=1)
 
+    # Encryption at rest (docs/security.md, "Encryption at rest"): a JSON object of master
+    # key id to the base64 of 32 random bytes (a secret: never logged or shown), and the id
+    # of the one that wraps new data keys. Unset: nothing is encrypted.
+    encryption_keys: SecretStr | None = None
+    encryption_key_id: str | None = None
+
     @field_validator("rate_limits", mode="before")
     @classmethod
     def _rate_limits(cls, value: object) -> object:

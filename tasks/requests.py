@@ -11,7 +11,14 @@ import redis
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from agent_jobs.dispatch import COORDINATE, INVOKE_TOOL, MODEL_TURN, START_RUN, start_run_label
+from agent_jobs.dispatch import (
+    COORDINATE,
+    INVOKE_TOOL,
+    MODEL_TURN,
+    START_RUN,
+    start_run_kwargs,
+    start_run_label,
+)
 from agent_jobs.dispatch import step_reprs as shown_step
 from agent_jobs.leases import Leases, this_machine
 
@@ -35,7 +42,7 @@ def shown(
     only a pass knows it. A `start_run` keeps the sender's `kwargsrepr`, which may leave
     out what the sender would not have shown."""
     if task == START_RUN:
-        return start_run_label(kwargs, task_id), None
+        return start_run_label(kwargs, task_id), start_run_kwargs(kwargs)
     if not (isinstance(args, list | tuple) and args and all(isinstance(a, str) for a in args)):
         return None
     if task == COORDINATE and len(args) == 1:

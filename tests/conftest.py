@@ -8,6 +8,11 @@ import os
 # process and in the processes the tests start (agent_jobs/store/locks.py).
 os.environ["AGENT_JOBS_LOCK_ORDER"] = "strict"
 
+from tests.support import encryption as test_encryption
+
+# AGENT_JOBS_TEST_ENCRYPTION=1: every store of the suite seals its payloads.
+os.environ.update(test_encryption.env())
+
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path

@@ -10,6 +10,7 @@ from .controls import fork, pause, resume, retry
 from .db import db
 from .enqueue import enqueue
 from .inspect import journal, runs, status
+from .keys import forget, keys
 from .prune import prune
 from .reconcile import reconcile
 from .run import run
@@ -55,6 +56,8 @@ for command in (
     serve,
     prune,
     schedules,
+    keys,
+    forget,
 ):
     main.add_command(command)
 

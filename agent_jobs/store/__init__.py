@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import SecretStr
 from sqlalchemy import Connection, Engine
 
+from .. import encryption
 from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
@@ -23,6 +24,8 @@ class Store:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        encryption.ensure_configured()  # the payload codec, with the settings' keys
+        encryption.keyring().remember(engine)
 
     @classmethod
     def from_url(

@@ -20,6 +20,7 @@ from sqlalchemy import (
     update,
 )
 
+from ..encryption.keyring import own_run
 from . import driver, locks
 from .db import utcnow
 from .payloads import stored
@@ -94,8 +95,22 @@ def append(
                     "created_at": now,
                 }
             )
-    if rows:
-        conn.execute(_INSERT, rows)
+    for run_id, owned in _by_run(rows):
+        if run_id is not None:
+            own_run(conn, run_id)
+        conn.execute(_INSERT, owned)
+
+
+def _by_run(rows: list[dict[str, Any]]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The rows in runs of one run each, in order: each run's actor owns its events'
+    data (agent_jobs/encryption/keyring.py)."""
+    found: list[tuple[str | None, list[dict[str, Any]]]] = []
+    for row in rows:
+        if found and found[-1][0] == row["run_id"]:
+            found[-1][1].append(row)
+        else:
+            found.append((row["run_id"], [row]))
+    return found
 
 
 def _append_pg(
@@ -106,7 +121,7 @@ def _append_pg(
     before: tuple[str, dict[str, Any]] | None,
 ) -> None:
     rows = [
-        {"ord": ord, "run_id": run_id, "type": kind, "data": stored(data)}
+        {"ord": ord, "run_id": run_id, "type": kind, "data": _owned(conn, run_id, data)}
         for ord, (_, run_id, kind, data) in enumerate(batch, start=1)
     ]
     params = {"thread_id": thread_id, "n": len(batch), "rows": json.dumps(rows), "now": now}
@@ -118,6 +133,13 @@ def _append_pg(
         statement = _WITH_BEFORE[cte]
         params |= extra
     driver.later(conn, statement, params)
+
+
+def _owned(conn: Connection, run_id: str | None, data: Any) -> Any:
+    """An event's data as stored, its run's actor its owner."""
+    if run_id is not None:
+        own_run(conn, run_id)
+    return stored(data)
 
 
 _THREAD = (

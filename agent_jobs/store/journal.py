@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 
 from ..checkpoints import model_prefix
+from ..encryption.keyring import note_actor, own_run
 from . import driver
 from . import events as event_rows
 from . import runs as run_rows
@@ -89,6 +90,7 @@ class JournalRowWithRun(JournalRow):
     """A step's row with what a step task reads of its run (`get_with_run`)."""
 
     run_status: str
+    run_actor: str
     root_run_id: str
     thread_id: str
     run_created_at: datetime
@@ -166,6 +168,7 @@ _WITH_RUN = (
     select(
         journal,
         runs.c.status.label("run_status"),
+        runs.c.actor.label("run_actor"),
         runs.c.root_run_id,
         runs.c.thread_id,
         runs.c.created_at.label("run_created_at"),
@@ -183,7 +186,10 @@ def _due(now: datetime) -> Any:
 def get_with_run(conn: Connection, run_id: str, step: str) -> JournalRowWithRun | None:
     """A step's row with its run's status and top-level run, in one query."""
     found = driver.first(conn, _WITH_RUN, {"run_id": run_id, "step": step})
-    return None if found is None else JournalRowWithRun.from_row(found)
+    if found is None:
+        return None
+    note_actor(run_id, found.run_actor)  # the owner of the step's outcome, when written
+    return JournalRowWithRun.from_row(found)
 
 
 def get_with_whole_intent(
@@ -316,12 +322,13 @@ def lock_and_load(
     its thread's events of those types (else None): on Postgres in one round trip, the
     lock taken before the outcome is written. An unknown run gives (None, [], None)."""
     if conn.dialect.name != "postgresql":
-        run = run_rows.lock_and_touch(conn, run_id)
+        run = run_rows.lock_and_touch(conn, run_id)  # its actor owns what is written
         if run is None:
             return None, [], None
         if outcome is None:
             return run, load_for_replay(conn, run_id, after=after), None
         return run, complete_and_load(conn, run_id, after=after, **outcome), None
+    own_run(conn, run_id)  # the outcome is written with the lock: its owner known before
     read: tuple[Any, dict[str, Any]]
     if outcome is None:
         read = (_REPLAY, {"run_id": run_id, "after": after})

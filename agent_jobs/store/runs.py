@@ -9,6 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, select, update
 
 from ..checkpoints import HUMAN_WAITS
+from ..encryption.keyring import own, own_run
 from ..notify import outbox as notices
 from . import driver, locks, places
 from .db import insert_unless_exists, utcnow
@@ -84,6 +85,7 @@ def insert_run(
     }
     if trace_context is not None:  # else SQL NULL, not a JSON null
         values["trace_context"] = trace_context
+    own(conn, actor, run_id)
     return insert_unless_exists(conn, runs, values)
 
 
@@ -105,7 +107,7 @@ def lock_and_touch(conn: Connection, run_id: str) -> Row[Any] | None:
     Re-drives of a run serialise on this lock; `updated_at` is what the sweep reads to
     tell a run that makes progress from one that stalled.
     """
-    return driver.first(conn, *lock_statement(conn, run_id))
+    return _owned(conn, driver.first(conn, *lock_statement(conn, run_id)))
 
 
 def lock_statement(conn: Connection, run_id: str) -> tuple[Any, dict[str, Any]]:
@@ -120,7 +122,15 @@ def lock_run(conn: Connection, run_id: str, *, touch: bool = False) -> Row[Any] 
     if touch:
         return lock_and_touch(conn, run_id)
     locks.note(conn, locks.RUN)
-    return conn.execute(_LOCK, {"run_id": run_id}).first()
+    return _owned(conn, conn.execute(_LOCK, {"run_id": run_id}).first())
+
+
+def _owned(conn: Connection, row: Row[Any] | None) -> Row[Any] | None:
+    """The locked run's row; its actor now owns what the transaction writes
+    (agent_jobs/encryption/keyring.py)."""
+    if row is not None:
+        own(conn, row.actor, row.id)
+    return row
 
 
 def get_run(conn: Connection, run_id: str) -> Row[Any] | None:
@@ -143,6 +153,7 @@ def set_status(
     included) writes a notification for each new thing it waits on, named in
     `waiting_on`, in this transaction (`notify/outbox.py`); `notice` is the caller's
     description of the wait instead (one notification with its fields)."""
+    own_run(conn, run_id)
     before = _before_wait(conn, run_id, status, lock=True)
     query = _SET_STATUS if only_if_not_terminal else _SET_STATUS_ANY
     values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_waiting_on": waiting_on}
@@ -213,6 +224,7 @@ def finish_run(
     in this transaction (`notify/outbox.py`). `run`: the run's row or view, if the caller
     has it (its agent, actor and thread are read otherwise)."""
     now = utcnow()
+    own_run(conn, run_id)
     values: dict[str, Any] = {"b_run_id": run_id, "b_status": status, "b_output": output}
     values |= {"b_error": error, "b_error_type": error_type, "b_now": now}
     if driver.rowcount(conn, _FINISH, values) != 1:

@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -353,3 +354,29 @@ schedules = Table(
     Column("last_run_id", String(64), nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
+
+# Encryption at rest (docs/security.md, "Encryption at rest"; agent_jobs/encryption): one
+# data key per actor seals that actor's payloads; it is kept here only wrapped (AES-GCM)
+# by a master key of AGENT_JOBS_ENCRYPTION_KEYS, bound to its id and actor. Forgetting an
+# actor clears `wrapped` (and stamps `forgotten_at`): what it sealed cannot be opened
+# again, backups included. At most one live (unforgotten) key per actor.
+data_keys = Table(
+    "data_keys",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("actor", String(200), nullable=False),
+    Column("wrapped", LargeBinary, nullable=True),
+    Column("master_key_id", String(200), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("rotated_at", DateTime(timezone=True), nullable=True),
+    Column("forgotten_at", DateTime(timezone=True), nullable=True),
+)
+DATA_KEY_LIVE = data_keys.c.forgotten_at.is_(None)
+Index(
+    "ix_data_keys_live",
+    data_keys.c.actor,
+    unique=True,
+    postgresql_where=DATA_KEY_LIVE,
+    sqlite_where=DATA_KEY_LIVE,
+)
+Index("ix_data_keys_master", data_keys.c.master_key_id)

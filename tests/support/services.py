@@ -54,11 +54,13 @@ def own_database(prefix: str, *, migrate: bool = True) -> Iterator[str]:
 
 
 def truncate_all(store: Store) -> None:
-    """Empty every table so a test starts from a clean database."""
-    from agent_jobs.store.schema import metadata
+    """Empty every table so a test starts from a clean database. The data keys stay:
+    processes of earlier tests still hold theirs opened (agent_jobs/encryption)."""
+    from agent_jobs.store.schema import data_keys, metadata
 
+    tables = [t for t in metadata.sorted_tables if t is not data_keys]
     if store.engine.dialect.name == "postgresql":
-        names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+        names = ", ".join(f'"{t.name}"' for t in tables)
         # A shared worker may still be finishing the last test's run: its transaction and
         # the TRUNCATE can deadlock, and Postgres then cancels one. Ours is tried again.
         for attempt in range(5):
@@ -70,7 +72,7 @@ def truncate_all(store: Store) -> None:
                 if "deadlock detected" not in str(exc) or attempt == 4:
                     raise
     with store.begin() as conn:
-        for table in reversed(metadata.sorted_tables):
+        for table in reversed(tables):
             conn.execute(table.delete())
 
 

@@ -11,6 +11,7 @@ import threading
 import uuid
 from pathlib import Path
 
+from tests.support import encryption as test_encryption
 from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,7 @@ def service_env(broker_url: str, database_url: str, **extra: str) -> dict[str, s
         # workers of eight, stay inside Postgres's 100 connections.
         AGENT_JOBS_DB_POOL_SIZE="1",
     )
+    env.update(test_encryption.env())
     env.update(extra)
     # An empty value unsets a setting: the worker then sizes it as a user's would.
     return {k: v for k, v in env.items() if v or not k.startswith("AGENT_JOBS_")}

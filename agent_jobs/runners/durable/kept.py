@@ -55,6 +55,7 @@ def claim(run: RunView, hooks: DurableHooks, lease: float) -> Kept | None:
     snapshot = JournalRowWithRun(
         **{**written, "intent": hooks.whole_intent(step)},
         run_status="running",
+        run_actor=run.actor,
         root_run_id=run.root_run_id,
         thread_id=run.thread_id,
         run_created_at=run.created_at,

@@ -12,6 +12,7 @@ runs, numbered after its last row.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 from collections.abc import Callable
@@ -296,7 +297,12 @@ class InlineHooks(LoopHooks):
             if len(block.tasks) < 2:
                 return [settle(task) for task in block.tasks]
             with ThreadPoolExecutor(len(block.tasks), thread_name_prefix="read") as pool:
-                futures = [pool.submit(settle, task) for task in block.tasks]
+                # Each read in a copy of this context: whose payloads it writes goes along
+                # (agent_jobs/encryption/keyring.py).
+                futures = [
+                    pool.submit(contextvars.copy_context().run, settle, task)
+                    for task in block.tasks
+                ]
                 return [future.result() for future in futures]
 
     def patched(self, patch: Patch) -> bool:

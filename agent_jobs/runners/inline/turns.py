@@ -10,6 +10,7 @@ import threading
 from functools import partial
 
 from ...app import AgentApp
+from ...encryption.keyring import owner_scope
 from ...errors import AgentJobsError, Cancelled, Sleeping
 from ...executor import StepEnv
 from ...loop import run_agent_loop
@@ -107,6 +108,10 @@ class Turns:
         """The run's turn, from its start to its recorded end; returns the thread's next
         run, if one follows. `woken`: a sleeping run's turn, driven again (it began
         before); `Sleeping` when it sleeps (its thread ends, the run does not)."""
+        with owner_scope(self.store.engine, run.actor):  # what the turn writes is theirs
+            return self._turn(run, stream, woken=woken)
+
+    def _turn(self, run: RunView, stream: RunStream, *, woken: bool) -> str | None:
         hooks = self._hooks(run, stream)
         env = StepEnv(app=self.app, stream=stream)
         with self.store.begin() as conn:
