@@ -120,8 +120,8 @@ class PayloadKeyError(EncryptionError):
     """A stored payload cannot be read: the key it was sealed under is missing, wrong or
     forgotten, or its bytes were changed. Nothing is shown in its place."""
 
-    def __init__(self, key_id: str, message: str) -> None:
-        self.key_id = key_id
+    def __init__(self, message: str, key_id: str = "") -> None:
+        self.key_id = key_id  # the data key's id ("" when unknown)
         super().__init__(message)
 
 

@@ -46,7 +46,7 @@ def _read(form: Callable[[Any], tuple[str, bytes] | None], stored: Any) -> tuple
     try:
         return form(stored)
     except envelope.Unsealable as exc:
-        raise PayloadKeyError("?", f"a sealed payload is damaged: {exc}") from None
+        raise PayloadKeyError(f"a sealed payload is damaged: {exc}", key_id="") from None
 
 
 def _seal(key: DataKey, plain: bytes) -> bytes:
@@ -59,7 +59,7 @@ def _open(key_id: str, sealed: bytes) -> bytes:
         return envelope.unseal(key.key, sealed, envelope.payload_aad(key_id))
     except envelope.Unsealable:
         raise PayloadKeyError(
-            key_id,
             f"a payload sealed under data key {key_id} does not open: its bytes were "
             "changed, or the key is not the one it was sealed with",
+            key_id=key_id,
         ) from None

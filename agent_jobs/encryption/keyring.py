@@ -108,24 +108,24 @@ class Keyring:
         """The data key of a `data_keys` row, or PayloadKeyError saying why not."""
         if row.wrapped is None:
             raise PayloadKeyError(
-                row.id,
                 f"the data of actor {row.actor!r} was forgotten: data key {row.id} "
                 "was destroyed, and what it sealed cannot be read",
+                key_id=row.id,
             )
         master = self.masters.get(row.master_key_id)
         if master is None:
             raise PayloadKeyError(
-                row.id,
                 f"data key {row.id} is wrapped by master key {row.master_key_id!r}, which "
                 "this process does not have: add it to AGENT_JOBS_ENCRYPTION_KEYS",
+                key_id=row.id,
             )
         try:
             key = envelope.unseal(master, bytes(row.wrapped), envelope.wrap_aad(row.id, row.actor))
         except envelope.Unsealable:
             raise PayloadKeyError(
-                row.id,
                 f"master key {row.master_key_id!r} does not open data key {row.id}: "
                 "a wrong key under that id, or a changed row",
+                key_id=row.id,
             ) from None
         return DataKey(row.id, row.actor, key)
 
@@ -168,13 +168,13 @@ class Keyring:
             return cached
         if not self.masters:
             raise PayloadKeyError(
-                key_id,
                 f"this payload is sealed under data key {key_id}, and this process has no "
                 "master keys: set AGENT_JOBS_ENCRYPTION_KEYS",
+                key_id=key_id,
             )
         row = self._read(key_id)
         if row is None:
-            raise PayloadKeyError(key_id, f"no data key {key_id} in this database")
+            raise PayloadKeyError(f"no data key {key_id} in this database", key_id=key_id)
         key = self.unwrap(row)
         self.keep(key)
         return key
@@ -196,7 +196,7 @@ class Keyring:
                 return row
         if failure is not None and len(engines) == 1:
             raise PayloadKeyError(
-                key_id, f"data key {key_id} could not be read: {type(failure).__name__}"
+                f"data key {key_id} could not be read: {type(failure).__name__}", key_id=key_id
             ) from failure
         return None
 

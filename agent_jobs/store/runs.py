@@ -6,13 +6,25 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, and_, bindparam, exists, func, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    and_,
+    bindparam,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+    update,
+)
 
 from ..checkpoints import HUMAN_WAITS
 from ..encryption.keyring import own, own_run
 from ..notify import outbox as notices
 from . import driver, locks, places
 from .db import insert_unless_exists, utcnow
+from .payloads import Payload, PayloadText
 from .schema import events, journal, runs, tool_calls, usage
 
 RunStatus = Literal[
@@ -136,6 +148,15 @@ def _owned(conn: Connection, row: Row[Any] | None) -> Row[Any] | None:
 def get_run(conn: Connection, run_id: str) -> Row[Any] | None:
     """The run's row, unlocked (`lock_run` locks it)."""
     return conn.execute(_GET, {"run_id": run_id}).first()
+
+
+def get_run_unsealed(conn: Connection, run_id: str) -> Row[Any] | None:
+    """The run's row with its payload columns as None: what a process that cannot open
+    them (encryption at rest, a missing key) may still read, to fail the run."""
+    columns = [
+        null().label(c.name) if isinstance(c.type, (Payload, PayloadText)) else c for c in runs.c
+    ]
+    return conn.execute(select(*columns).where(runs.c.id == run_id)).first()
 
 
 def set_status(

@@ -52,6 +52,7 @@ MODULES: dict[str, str] = {
     "tests/models/test_genai_spans.py::"
     "test_a_model_step_replayed_by_another_worker_keeps_its_one_span": "crash",
     # workers: real worker, beat, listener or serve subprocesses
+    "tests/encryption/test_at_rest.py": "workers",
     "tests/controls/test_controls.py": "workers",
     "tests/controls/test_controls_doors.py": "workers",
     "tests/doors/test_cli_hardening.py": "workers",

@@ -26,7 +26,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ...app import AgentApp
 from ...dispatch import Dispatcher, ResendingDispatcher
-from ...errors import AgentJobsError, ModelError, RetryLater
+from ...errors import AgentJobsError, EncryptionError, ModelError, RetryLater
 from ...executor import StepEnv, execute_remote
 from ...leases import Holder, Leases
 from ...logs import log_context
@@ -152,10 +152,12 @@ class DurableRunner:
 
     def _fail(self, run_id: str, exc: Exception) -> str:
         message, error_type = f"internal error: {exc}", type(exc).__name__
+        sealed = isinstance(exc, EncryptionError)  # its payloads cannot be read here
         with self.store.begin() as conn:
-            row = run_rows.get_run(conn, run_id)
+            get = run_rows.get_run_unsealed if sealed else run_rows.get_run
+            row = get(conn, run_id)
             finished = run_rows.finish_run(
-                conn, run_id, "failed", error=message, error_type=error_type
+                conn, run_id, "failed", error=message, error_type=error_type, run=row
             )
         if finished and row is not None:
             observe.run_finished(None, row, "failed")
