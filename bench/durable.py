@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import json
 import os
 import statistics
@@ -37,6 +38,7 @@ from sqlalchemy import create_engine, func, select, text
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent_jobs import encryption  # noqa: E402
 from agent_jobs.client import Client  # noqa: E402
 from agent_jobs.dispatch import CeleryDispatcher, celery_client  # noqa: E402
 from agent_jobs.settings import Settings  # noqa: E402
@@ -344,7 +346,24 @@ def main() -> None:
         help="runs' loops kept in the workers between passes (AGENT_JOBS_STICKY_LOOPS); "
         "--no-sticky: every pass replays its run",
     )
+    parser.add_argument(
+        "--encryption",
+        action="store_true",
+        help="encryption at rest on, in this process and the workers, with a key generated "
+        "for the run (AGENT_JOBS_ENCRYPTION_KEYS): W1 with it against W1 without",
+    )
     args = parser.parse_args()
+    sealing: dict[str, str] = {}
+    if args.encryption:
+        sealing = {
+            "AGENT_JOBS_ENCRYPTION_KEYS": json.dumps(
+                {"bench": base64.b64encode(os.urandom(32)).decode()}
+            ),
+            "AGENT_JOBS_ENCRYPTION_KEY_ID": "bench",
+        }
+        encryption.configure(
+            sealing["AGENT_JOBS_ENCRYPTION_KEYS"], "bench", settings=False
+        )  # this process's client seals the runs it starts
     if args.own_postgres:
         own_pg = OwnPostgres(listen=["127.0.0.1"], trusted="127.0.0.1/32").start()
         atexit.register(own_pg.stop)
@@ -364,7 +383,7 @@ def main() -> None:
     broker_client = redis.Redis.from_url(broker)
     broker_client.flushdb()
 
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"encryption": args.encryption}
     figures["floor_celery_roundtrip_ms"] = celery_floor(f"{args.redis}/10") * 1000
     figures["floor_celery_tasks_per_s"] = celery_throughput(f"{args.redis}/10")
     figures["floor_pg_commit_ms"] = pg_commit_floor(url) * 1000
@@ -384,6 +403,7 @@ def main() -> None:
         AGENT_JOBS_DB_POOL_SIZE="",
         AGENT_JOBS_EAGER_STEPS="true" if args.eager else "false",
         AGENT_JOBS_STICKY_LOOPS="true" if args.sticky else "false",
+        **sealing,
     )
     env["PYTHONPATH"] = str(ROOT)
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
