@@ -16,22 +16,25 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from agent_jobs import InlineRunner, encryption
+from agent_jobs import InlineRunner, RunView, encryption
 from agent_jobs.client import Client
 from agent_jobs.dispatch import CeleryDispatcher, celery_client
+from agent_jobs.encryption import envelope, maintenance
 from agent_jobs.encryption.keyring import keyring
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from agent_jobs.store.payloads import Codecs
 from agent_jobs.store.schema import data_keys
 from tests.support import apps
+from tests.support import encryption as test_encryption
 from tests.support.harness import DurableHarness, Harness, InlineHarness
 from tests.support.services import finish_inline, truncate_all
-from tests.support.waiting import wait_finished
+from tests.support.waiting import eventually, wait_finished
 from tests.support.workers import ROOT, Process, service_env, start_worker
 
-KEY_ID = "at-rest-k1"
-KEYS = json.dumps({KEY_ID: base64.b64encode(os.urandom(32)).decode()})
+# The suite's own master key (AGENT_JOBS_TEST_ENCRYPTION=1 uses it too): the data keys
+# outlive a test in the shared database (tests/support/services.py, truncate_all).
+KEY_ID, KEYS = test_encryption.KEY_ID, test_encryption.KEYS_JSON
 ON = {"AGENT_JOBS_ENCRYPTION_KEYS": KEYS, "AGENT_JOBS_ENCRYPTION_KEY_ID": KEY_ID}
 OFF = {"AGENT_JOBS_ENCRYPTION_KEYS": "", "AGENT_JOBS_ENCRYPTION_KEY_ID": ""}
 # Words of the support scenario's input, model text, tool arguments and results: none may
@@ -183,3 +186,96 @@ def test_a_worker_without_the_key_fails_the_step_naming_it_and_stays_up(
     assert clear.status == "completed", clear.error
 
     assert keyless.proc.poll() is None
+
+
+K2 = base64.b64encode(bytes(range(32, 64))).decode()
+BOTH = json.dumps({KEY_ID: json.loads(KEYS)[KEY_ID], "at-rest-k2": K2})
+ROTATED = {"AGENT_JOBS_ENCRYPTION_KEYS": BOTH, "AGENT_JOBS_ENCRYPTION_KEY_ID": "at-rest-k2"}
+
+
+def approved(h: Harness, run_id: str) -> RunView:
+    """The run, ended, every approval it asked for given."""
+
+    def ended() -> RunView | None:
+        run = h.store.get_run(run_id)
+        if run.finished:
+            return run
+        for call in h.store.pending_calls(run_id):
+            h.decide(run_id, call["call_id"], "approve", "alice")
+        return None
+
+    return eventually(ended, what=f"run {run_id} to end, approving every call")
+
+
+def masters_of_keys(store: Store) -> set[str]:
+    with store.connect() as conn:
+        return {r.master_key_id for r in conn.execute(select(data_keys)).all()}
+
+
+def test_rotate_while_a_worker_runs(workers: Workers) -> None:
+    workers.start("rotating", ROTATED)
+    h = workers.harness("rotating")
+    before = h.run_approving("support", "Where is order 42? ZEBRA-INPUT")
+    assert before.status == "completed", before.error
+    assert masters_of_keys(workers.store) == {KEY_ID}  # under the old key
+
+    encryption.configure(BOTH, "at-rest-k2", settings=False)
+    try:
+        going = h.start("support", "Where is order 42? again")
+        assert maintenance.rotate(workers.store, batch=1) >= 1
+        assert maintenance.rotate(workers.store) == 0
+        assert masters_of_keys(workers.store) == {"at-rest-k2"}
+        assert approved(h, going).status == "completed"
+
+        encryption.configure(json.dumps({"at-rest-k2": K2}), "at-rest-k2", settings=False)
+        check_sealed_and_read_back(h, before.run_id)  # the old master key gone: still read
+    finally:  # back under the suite's key, for the tests after this one
+        encryption.configure(BOTH, KEY_ID, settings=False)
+        maintenance.rotate(workers.store)
+
+
+def payload_values(store: Store) -> list[tuple[str, Any]]:
+    """Every payload value as stored (no codec), with where it is."""
+    found = []
+    with store.connect() as conn:
+        for table, columns in maintenance._tables():
+            raw = [maintenance._raw(c) for c in columns]
+            for row in conn.execute(select(*raw)).all():
+                found += [(f"{table.name}.{c.name}", row._mapping[c.name]) for c in columns]
+    return [(where, value) for where, value in found if value is not None]
+
+
+def readable(h: Harness, run_id: str) -> tuple[Any, ...]:
+    run = h.store.get_run(run_id)
+    return (
+        run.input,
+        run.output,
+        [(m.role, m.content) for m in h.store.thread_messages(run.thread_id)],
+        [(c["call_id"], c["args"], c["result"]) for c in h.store.tool_calls(run_id)],
+    )
+
+
+def test_encrypt_existing_while_a_worker_runs(workers: Workers) -> None:
+    encryption.configure(None, None, settings=False)
+    workers.start("clear", OFF)
+    old = workers.harness("clear")
+    olds = [old.run_approving("support", f"Where is order 42? old {n}").run_id for n in range(3)]
+    seen = {run_id: readable(old, run_id) for run_id in olds}
+    assert any(isinstance(v, str) and "old 0" in v for _, v in payload_values(workers.store))
+
+    encryption.configure(KEYS, KEY_ID, settings=False)
+    workers.start("sealing", ON)
+    h = workers.harness("sealing")
+    going = h.start("support", "Where is order 42? ZEBRA-INPUT")
+    sealed = maintenance.encrypt_existing(workers.store, batch=3)
+    assert sealed["runs"] == 3 and sealed["messages"] > 0 and sealed["journal"] > 0
+    assert approved(h, going).status == "completed"
+    assert sum(maintenance.encrypt_existing(workers.store).values()) == 0
+
+    for where, value in payload_values(workers.store):
+        form = envelope.read_json_form(value) if not isinstance(value, str) else None
+        text_form = envelope.read_text_form(value) if isinstance(value, str) else None
+        assert form is not None or text_form is not None, f"{where} is clear: {value!r}"
+    for run_id, before in seen.items():
+        assert readable(h, run_id) == before  # nothing lost, nothing clobbered
+    check_sealed_and_read_back(h, going)
