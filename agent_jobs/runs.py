@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 from . import admission, session
 from .admission import IfBusy
 from .app import AgentApp
+from .encryption.keyring import own
 from .errors import InvalidRequestError
 from .observability import tracing
 from .processes import this_process
@@ -182,10 +183,12 @@ def post_message(
         # this message or this sees the run ended. Resolving by thread took it already.
         event_rows.lock_thread(conn, thread_id)
     active = session.active_run(conn, thread_id)
+    last = active or session.last_run(conn, thread_id)
+    if last is not None:  # the thread's actor owns what is posted to it
+        own(conn, last.actor, last.id)
     session.push(conn, thread_id, active.id if active else None, target, text)
     if target != "next-turn" or active is not None:
         return thread_id, None
-    last = session.last_run(conn, thread_id)
     if last is None or last.runner != runner:
         return thread_id, None
     return thread_id, start_next_turn(conn, app, RunView.from_row(last), runner=runner)

@@ -266,6 +266,32 @@ def note_actor(run_id: str, actor: str) -> None:
             del _ACTORS[next(iter(_ACTORS))]
 
 
+def own_thread(conn: Connection, thread_id: str) -> None:
+    """For a write of a thread's and no run's (a message queued on it, a model chosen
+    for it), unless an owner is set: the actor of the thread's newest run."""
+    if not _KEYRING.encrypting or _OWNER.get() is not None:
+        return
+    found = conn.execute(
+        select(runs.c.id, runs.c.actor)
+        .where(runs.c.thread_id == thread_id)
+        .order_by(runs.c.created_at.desc())
+        .limit(1)
+    ).first()
+    if found is not None:
+        own(conn, found.actor, found.id)
+
+
+def owns(conn: Connection, run_id: str | None, thread_id: str | None = None) -> None:
+    """A store write of run `run_id`'s rows (or, with no run, of thread `thread_id`'s):
+    its actor owns the payloads, unless this transaction's owner is that actor already."""
+    if not _KEYRING.encrypting:
+        return
+    if run_id is not None:
+        own_run(conn, run_id)
+    elif thread_id is not None:
+        own_thread(conn, thread_id)
+
+
 # The actors of runs this process wrote for (a run's actor never changes).
 _ACTORS: dict[str, str] = {}
 _ACTORS_KEPT = 10_000

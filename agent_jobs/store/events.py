@@ -20,7 +20,7 @@ from sqlalchemy import (
     update,
 )
 
-from ..encryption.keyring import own_run
+from ..encryption.keyring import own_run, own_thread
 from . import driver, locks
 from .db import utcnow
 from .payloads import stored
@@ -98,6 +98,8 @@ def append(
     for run_id, owned in _by_run(rows):
         if run_id is not None:
             own_run(conn, run_id)
+        else:
+            own_thread(conn, owned[0]["thread_id"])
         conn.execute(_INSERT, owned)
 
 
@@ -121,7 +123,7 @@ def _append_pg(
     before: tuple[str, dict[str, Any]] | None,
 ) -> None:
     rows = [
-        {"ord": ord, "run_id": run_id, "type": kind, "data": _owned(conn, run_id, data)}
+        {"ord": ord, "run_id": run_id, "type": kind, "data": _owned(conn, thread_id, run_id, data)}
         for ord, (_, run_id, kind, data) in enumerate(batch, start=1)
     ]
     params = {"thread_id": thread_id, "n": len(batch), "rows": json.dumps(rows), "now": now}
@@ -135,10 +137,12 @@ def _append_pg(
     driver.later(conn, statement, params)
 
 
-def _owned(conn: Connection, run_id: str | None, data: Any) -> Any:
-    """An event's data as stored, its run's actor its owner."""
+def _owned(conn: Connection, thread_id: str, run_id: str | None, data: Any) -> Any:
+    """An event's data as stored, its run's actor (or its thread's) its owner."""
     if run_id is not None:
         own_run(conn, run_id)
+    else:
+        own_thread(conn, thread_id)
     return stored(data)
 
 

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 from ..checkpoints import model_prefix
-from ..encryption.keyring import note_actor, own_run
+from ..encryption.keyring import note_actor, own_run, owns
 from . import driver
 from . import events as event_rows
 from . import runs as run_rows
@@ -142,6 +142,7 @@ def insert_done(
 ) -> None:
     """Record a step that ran in this transaction. A plain INSERT: the run's row lock
     serialises its writers, so a row already there is a bug that must fail loudly."""
+    owns(conn, run_id)
     values = row(run_id=run_id, step=step, seq=seq, state="done", intent=intent, result=result)
     if started_at is not None:
         values["created_at"] = values["started_at"] = started_at
@@ -152,6 +153,7 @@ def insert_pending(
     conn: Connection, *, run_id: str, step: str, seq: int, intent: Any, state: StepState
 ) -> bool:
     """Insert a `scheduled` (or `waiting`) row unless it exists; True when inserted."""
+    owns(conn, run_id)
     values = {
         "run_id": run_id,
         "step": step,
@@ -280,6 +282,7 @@ def complete(
 ) -> bool:
     """Write a step's outcome; the first writer wins, and with `fence` only while the
     step's epoch is that one (its holder was not let go of meanwhile)."""
+    owns(conn, run_id)
     values = _outcome(run_id, step, state, result, error, attempts, started_at, fence)
     return driver.rowcount(conn, _COMPLETE, values) == 1
 
@@ -301,6 +304,7 @@ def complete_and_load(
     (the outcome's row as written, the others as they were), the two in a row on SQLite.
     A completed step is in flight until now, so it is after any position whose rows
     (and those before it) the replay knows to be final."""
+    owns(conn, run_id)
     values = _outcome(run_id, step, state, result, error, attempts, started_at, fence)
     if conn.dialect.name != "postgresql":
         conn.execute(_COMPLETE, values)
@@ -413,6 +417,8 @@ def insert_many(
     pass's `events` (on Postgres in that same statement). A plain INSERT, like
     `insert_done`: the pass holds the run's row lock and inserts only steps its replay
     did not find, so a conflict is a bug, never a race to swallow."""
+    if rows:
+        owns(conn, rows[0]["run_id"])  # a pass's rows are its run's
     if not rows or conn.dialect.name != "postgresql":
         if rows:
             conn.execute(_INSERT, rows)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Update, bindparam, delete, exists, func, insert, select, update
 
+from ..encryption.keyring import owns
 from . import driver
 from .schema import outbox, questions, tool_calls
 
@@ -38,6 +39,7 @@ def add(
 ) -> None:
     """Write a notification, with the transaction's next statement or its commit (nothing
     reads it back: a pass pays no round trip for it)."""
+    owns(conn, run_id)
     values = {
         "event_id": event_id,
         "type": type,

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
+from ..encryption.keyring import owns
 from .db import utcnow
 from .runs import TERMINAL
 from .schema import questions, runs
@@ -21,6 +22,7 @@ def ask(
     tool: str,
     asked: list[dict[str, Any]],
 ) -> None:
+    owns(conn, run_id)
     conn.execute(
         insert(questions).values(
             run_id=run_id,
@@ -43,6 +45,7 @@ def answer(
     conn: Connection, run_id: str, request_id: str, *, answers: dict[str, Any], actor: str
 ) -> bool:
     """Record the answers to an open question; the first answer wins."""
+    owns(conn, run_id)
     result = conn.execute(
         update(questions)
         .where(

@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists, insert, literal_column, select, update
 
+from ..encryption.keyring import owns
 from ..messages import Message, ToolCall
 from . import driver
 from .db import insert_unless_exists, utcnow
@@ -33,12 +34,14 @@ MESSAGE_COLUMNS = (
 
 def append_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> int:
     """Append a message stamped with the run that wrote it; returns its id."""
+    owns(conn, run_id, thread_id)
     return int(driver.scalar(conn, APPEND, message_row(thread_id, run_id, message)))
 
 
 def add_message(conn: Connection, thread_id: str, run_id: str | None, message: Message) -> None:
     """`append_message` for a caller that needs no id: sent with the transaction's next
     statement or its commit (store/driver.py)."""
+    owns(conn, run_id, thread_id)
     driver.later(conn, _ADD, message_row(thread_id, run_id, message))
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Row, bindparam, insert, select, text, update
 
+from ..encryption.keyring import owns
 from ..messages import Message
 from . import driver, threads
 from .db import utcnow
@@ -30,6 +31,7 @@ def insert_call(
     status: CallStatus,
     error: str | None = None,
 ) -> None:
+    owns(conn, run_id)
     now = utcnow()
     row = {
         "run_id": run_id,
@@ -80,6 +82,7 @@ def decide(
     reason: str | None,
 ) -> bool:
     """Record a decision on a pending call; the first decision wins."""
+    owns(conn, run_id)
     result = conn.execute(
         update(tool_calls)
         .where(
@@ -109,6 +112,7 @@ def set_outcome(
     result: Any = None,
     error: str | None = None,
 ) -> None:
+    owns(conn, run_id)
     conn.execute(_OUTCOME, _outcome(run_id, call_id, status, result, error))
 
 
@@ -125,6 +129,7 @@ def finish_call(
 ) -> None:
     """`set_outcome`, and the call's message on the thread: on Postgres one statement,
     sent with the transaction's next statement or its commit (store/driver.py)."""
+    owns(conn, run_id)
     if conn.dialect.name != "postgresql":
         set_outcome(conn, run_id, call_id, status=status, result=result, error=error)
         threads.add_message(conn, thread_id, run_id, message)
@@ -261,6 +266,7 @@ def escalate(
     now: Any,
 ) -> bool:
     """Hand an undecided call to `approvers`, with a new deadline (once)."""
+    owns(conn, run_id)
     result = conn.execute(
         update(tool_calls)
         .where(
