@@ -16,13 +16,12 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    tuple_,
     type_coerce,
     update,
 )
 
 from ..errors import ConfigurationError
-from ..store import Store
+from ..store import Store, payload_rows
 from ..store import data_keys as key_rows
 from ..store.db import utcnow
 from ..store.payloads import Payload, PayloadText
@@ -39,12 +38,6 @@ def _tables() -> list[tuple[Table, list[Column[Any]]]]:
         if columns:
             found.append((table, columns))
     return found
-
-
-def _raw(column: Column[Any]) -> Any:
-    """The column as stored (no codec): a JSON value, or text."""
-    kind = Json if isinstance(column.type, Payload) else Text()
-    return type_coerce(column, kind).label(column.name)
 
 
 def _encrypting() -> str:
@@ -126,7 +119,7 @@ def encrypt_existing(
 ) -> dict[str, int]:
     """Seal every payload still stored clear (written before encryption was on), table
     by table, `batch` rows a transaction; the number sealed per table. A batch's rows are
-    locked while it runs (FOR UPDATE on Postgres; SQLite has one writer at a time): a
+    locked while it runs (store/payload_rows.py; SQLite has one writer at a time): a
     worker's write to one waits, and is never overwritten with an older value."""
     _encrypting()
     sealed: dict[str, int] = {}
@@ -146,14 +139,10 @@ def _encrypt_table(
     last: tuple[Any, ...] | None = None
     owners: dict[str, str | None] = {}
     while True:
-        query = select(*key, *(_raw(c) for c in columns), *_owner_columns(table))
-        if last is not None:
-            query = query.where(tuple_(*key) > tuple_(*last))
-        query = query.order_by(*key).limit(batch)
         with store.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                query = query.with_for_update(of=table)
-            found = conn.execute(query).all()
+            found = payload_rows.locked_batch(
+                conn, table, columns, _owner_columns(table), after=last, limit=batch
+            )
             count = 0
             for row in found:
                 clear = {c.name: row._mapping[c.name] for c in columns if _is_clear(c, row)}

@@ -22,7 +22,7 @@ from agent_jobs.dispatch import CeleryDispatcher, celery_client
 from agent_jobs.encryption import envelope, maintenance
 from agent_jobs.encryption.keyring import keyring
 from agent_jobs.settings import Settings
-from agent_jobs.store import Store
+from agent_jobs.store import Store, payload_rows
 from agent_jobs.store.payloads import Codecs
 from agent_jobs.store.schema import data_keys
 from tests.support import apps
@@ -239,7 +239,7 @@ def payload_values(store: Store) -> list[tuple[str, Any]]:
     found = []
     with store.connect() as conn:
         for table, columns in maintenance._tables():
-            raw = [maintenance._raw(c) for c in columns]
+            raw = [payload_rows.raw(c) for c in columns]
             for row in conn.execute(select(*raw)).all():
                 found += [(f"{table.name}.{c.name}", row._mapping[c.name]) for c in columns]
     return [(where, value) for where, value in found if value is not None]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from agent_jobs.store import runs as run_rows
 from agent_jobs.store.payloads import Codecs
 from agent_jobs.store.schema import Json, data_keys, runs
 
-K1 = base64.b64encode(os.urandom(32)).decode()
-K2 = base64.b64encode(os.urandom(32)).decode()
+# Fixed (the parameters' ids must be the same in every process of a parallel run).
+K1 = base64.b64encode(bytes(range(100, 132))).decode()
+K2 = base64.b64encode(bytes(range(150, 182))).decode()
 
 
 def keys(**found: str) -> str:
