@@ -130,6 +130,35 @@ class PayloadOwnerError(EncryptionError):
     did not say whose run it belongs to): nothing is written in the clear instead."""
 
 
+class PayloadTooLargeError(StoreError):
+    """A payload is larger than `AGENT_JOBS_PAYLOAD_MAX`: it fails its step (a tool's
+    result: a failed tool call, whose error the model reads) and is never stored.
+    `size` is its size in bytes, or a lower bound of it when that was enough to refuse."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"{what} is {size:,} bytes or more, over the largest payload kept "
+            f"(AGENT_JOBS_PAYLOAD_MAX, {limit:,} bytes): return less (a page, a summary, "
+            "or where the data can be fetched)"
+        )
+
+
+class PayloadBlobError(StoreError):
+    """A payload kept apart (agent_jobs/store/blobs.py) is missing or does not match its
+    SHA-256: it is not read, and nothing is made of it."""
+
+    def __init__(self, digest: str, problem: str) -> None:
+        self.digest = digest
+        self.problem = problem
+        super().__init__(
+            f"the stored payload sha256:{digest} {problem}: the table payload_blobs was "
+            "altered or pruned by hand; restore it from a backup"
+        )
+
+
 class InvalidRequestError(AgentJobsError):
     """A request from outside (a run request, a message, a decision) is malformed."""
 

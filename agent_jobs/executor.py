@@ -53,8 +53,8 @@ from .steps import (
     SetTitle,
     Summarize,
 )
+from .store import blobs, runs, threads, toolcalls
 from .store import events as event_rows
-from .store import runs, threads, toolcalls
 from .store import usage as usage_store
 from .store.db import utcnow
 from .streams.base import RunStream
@@ -405,6 +405,9 @@ def _model_turn(intent: ModelTurn, env: StepEnv) -> BaseModel:
             ) from None
     if env.limits is not None:  # the tokens the call took, corrected by what it used
         env.limits.used(model, request, reply.usage)
+    too_large = blobs.oversize([reply.text, *(c.args for c in reply.tool_calls)], "the reply")
+    if too_large is not None:  # not retried: the same request would get as much again
+        raise ModelError(f"the model adapter {model.name!r}: {too_large}", kind="invalid_response")
     return reply
 
 
@@ -429,7 +432,15 @@ def _invoke_tool(intent: InvokeTool, env: StepEnv, step: str) -> ToolOutcome:
     )
     try:
         tool = app.registry.authorize(call.name, intent.actor, app.roles, intent.offered)
-        return ToolOutcome(ok=True, result=tool.invoke(call.args, ctx))
+        result = tool.invoke(call.args, ctx)
+        # Measured here, before it is journaled, streamed or copied: one over the maximum
+        # is a failed call whose error the model reads, as any tool's.
+        too_large = blobs.oversize(result, f"the result of tool {call.name!r}")
+        if too_large is not None:
+            del result  # the only reference: its memory goes now
+            log.info("tool %s in run %s: %s", call.name, intent.run_id, too_large)
+            return ToolOutcome(ok=False, error=str(too_large))
+        return ToolOutcome(ok=True, result=result)
     except QuestionsAsked as asked:
         return ToolOutcome(ok=False, questions=asked.questions)
     except ToolError as exc:

@@ -7,6 +7,13 @@ notifications, in small batches: each batch is one short transaction over a few 
 taken in primary-key order, so the tables the workers write are never held up for long.
 Run rows, thread messages, tool calls, questions and usage stay.
 
+Then the payloads kept apart (agent_jobs/store/blobs.py) that no row refers to any more
+go: those of the journals just pruned, and those a transaction wrote and rolled back. A
+blob written within `BLOB_GRACE` is kept whatever refers to it: the transaction that
+wrote it may not have committed the row that refers to it yet. Finding the references
+reads every payload column's (a scan of the payload tables, on a read connection); the
+removal is one short transaction.
+
 Of the session log, the inbox and model-selection events stay: a thread's inbox and its
 model are folded from every such event of the thread, so removing some would change
 what a later turn of the thread sees. So do the operator's controls (who paused,
@@ -39,6 +46,12 @@ KEPT_EVENTS: tuple[str, ...] = (*INBOX, *CONTROLS)
 # A batch of the outbox spans this many notifications per run of a batch of runs.
 OUTBOX_SPAN = 10
 
+# Seconds a blob written lately is kept, referred to or not: longer than any transaction
+# lives (a step's time limit, Postgres's idle-in-transaction timeout).
+BLOB_GRACE = 3600.0
+# Blobs one DELETE names.
+BLOB_BATCH = 500
+
 
 @dataclass
 class PruneReport:
@@ -51,6 +64,8 @@ class PruneReport:
     events: int = 0
     outbox: int = 0
     streams: int = 0
+    blobs: int = 0  # payloads kept apart that no row referred to any more
+    blob_bytes: int = 0
     batches: int = 0
     longest_batch: float = 0.0  # seconds, the longest transaction
     elapsed: float = 0.0
@@ -77,6 +92,8 @@ class PruneReport:
             f"{_many(self.events, 'event')}, {_many(self.outbox, 'notification')}, "
             f"{_many(self.streams, 'stream')}"
         )
+        if self.blobs:
+            text += f", {_many(self.blobs, 'blob')} ({self.blob_bytes:,} bytes)"
         return text if self.complete else text + " (stopped by its time budget; more left)"
 
     def took(self, seconds: float) -> None:
@@ -107,6 +124,7 @@ def prune(
     budget: float | None = None,
     rest: float = 0.0,
     now: datetime | None = None,
+    blob_grace: float = BLOB_GRACE,
 ) -> PruneReport:
     """Prune the runs that ended more than `older_than` days ago, `batch` runs a
     transaction; `dry_run` counts what would go and changes nothing.
@@ -116,6 +134,7 @@ def prune(
     done and the next prune goes on. With `budget` (seconds), no batch starts after it.
     After each batch it rests `rest` times as long as the batch took: on a busy database
     batches take longer and the prune yields more (0: one batch right after the other).
+    Last, the blobs no row refers to, but those written in the last `blob_grace` seconds.
     """
     if batch < 1:
         raise InvalidRequestError(f"--batch must be at least 1, not {batch}")
@@ -148,8 +167,28 @@ def prune(
         last = _outbox_batch(store, report, last, batch * OUTBOX_SPAN)
         if last is not None:
             took(began)
+    if go_on():  # not a batch of runs: its time is in `elapsed` only
+        _blobs(store, report, (now or utcnow()) - timedelta(seconds=blob_grace))
     report.elapsed = time.monotonic() - started
     return report
+
+
+def _blobs(store: Store, report: PruneReport, cutoff: datetime) -> None:
+    """The blobs written before `cutoff` that no row refers to: removed, or counted."""
+    with store.connect() as conn:
+        old = rows.blobs_written_before(conn, cutoff)
+        if not old:
+            return
+        unreferenced = sorted(old.keys() - rows.referenced_blobs(conn))
+    if report.dry_run:
+        report.blobs += len(unreferenced)
+        report.blob_bytes += sum(old[digest] for digest in unreferenced)
+        return
+    for start in range(0, len(unreferenced), BLOB_BATCH):
+        with store.begin() as conn:
+            count, size = rows.remove_blobs(conn, unreferenced[start : start + BLOB_BATCH], cutoff)
+        report.blobs += count
+        report.blob_bytes += size
 
 
 def _runs_batch(

@@ -129,6 +129,11 @@ class Settings(SettingsBase):
     prune_interval: float = Field(default=3600.0, gt=0)
     prune_batch: int = Field(default=100, ge=1)
     prune_rest: float = Field(default=1.0, ge=0)
+    # Large payloads (agent_jobs/store/blobs.py): a stored value over `payload_inline_limit`
+    # bytes goes to a table of its own, addressed by its SHA-256; one over `payload_max`
+    # fails its step instead of reaching the journal.
+    payload_inline_limit: int = Field(default=256 * 1024, ge=1024)
+    payload_max: int = Field(default=32 * 1024 * 1024, ge=1024)
     # Patches this deployment must not take yet (comma-separated ids): an operator can
     # hold back a new loop shape, and new runs then record the old one.
     disabled_patches: str = ""

@@ -4,4 +4,4 @@
 migration scripts loaded (a test keeps it equal to Alembic's own head).
 """
 
-HEAD = "0012"
+HEAD = "0013"

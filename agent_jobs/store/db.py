@@ -18,7 +18,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.dml import ReturningInsert
 
 from ..errors import ConfigurationError, SchemaNotReadyError
-from . import driver
+from . import blobs, driver
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -109,6 +109,7 @@ def make_engine(
     schema = found.database_schema if schema is None else schema
     if isinstance(password, SecretStr):
         password = password.get_secret_value()
+    blobs.install()  # payloads over the inline limit kept apart, on every engine
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(
             url,
@@ -117,6 +118,7 @@ def make_engine(
             hide_parameters=True,  # a statement's values are runs' data: never in a log
         )
         _tune_sqlite(engine)
+        blobs.watch(engine)
         return engine
     if parsed.get_backend_name() == "postgresql":
         if parsed.get_driver_name() in ("", "psycopg2"):
@@ -137,6 +139,7 @@ def make_engine(
         )
         _SCHEMAS[engine] = schema
         driver.install(engine)
+        blobs.watch(engine)
         event.listen(engine, "do_connect", _name_session)
         return engine
     raise ConfigurationError(

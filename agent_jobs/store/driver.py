@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -61,6 +62,10 @@ _BEGIN: tuple[str, None] = ("BEGIN", None)
 _BEGIN_READ_ONLY: tuple[str, None] = ("BEGIN READ ONLY", None)
 _COMMIT: tuple[str, None] = ("COMMIT", None)
 READ_ONLY = "agent_jobs_read_only"  # an execution option: the connection only reads
+# The connection whose statement's payloads are being bound or read, for a codec that
+# reads or writes beside them in the same transaction (agent_jobs/store/blobs.py): set by
+# the statements here, and by an engine listener for SQLAlchemy's own (`blobs.watch`).
+CONNECTION: ContextVar[Connection | None] = ContextVar("agent_jobs_connection", default=None)
 
 
 class Row:
@@ -208,8 +213,12 @@ def later(conn: Connection, statement: Executable, values: Mapping[str, Any]) ->
         conn.execute(statement, dict(values))
         return
     _in_transaction(conn)
+    CONNECTION.set(conn)
     compiled = _compile(conn, statement, frozenset(values))
-    conn.info.setdefault(_WAITING, []).append((compiled.sql, compiled.params(values)))
+    # The parameters first: a codec may send a statement of its own while it binds them,
+    # which sends (and takes away) the waiting ones.
+    params = compiled.params(values)
+    conn.info.setdefault(_WAITING, []).append((compiled.sql, params))
 
 
 def _in_transaction(conn: Connection) -> None:
@@ -225,6 +234,7 @@ def _run(
     """The statements' rows, and the last one's row count: one round trip, with the
     waiting statements ahead of them."""
     _in_transaction(conn)
+    CONNECTION.set(conn)
     compiled = []
     for statement, values in statements:
         entry = _compile(conn, statement, frozenset(values))

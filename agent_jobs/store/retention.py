@@ -1,6 +1,6 @@
 """Retention's queries: the finished runs a prune takes, batch by batch, and what it
 removes of them (their journal, most of their session-log events, their delivered
-notifications).
+notifications); and the payloads kept apart that no row refers to any more.
 
 A pruned run keeps one journal row, its mark: step and state `pruned`, position 0, its
 result saying when and how much went. The mark is how a later prune, `agent-jobs
@@ -11,15 +11,18 @@ short transaction over a bounded set of rows.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, exists, func, insert, select
+from sqlalchemy import Connection, and_, delete, exists, func, insert, select, text
 
+from . import blobs
+from .payloads import Payload, PayloadText
 from .runs import TERMINAL
-from .schema import events, journal, outbox, runs
+from .schema import events, journal, metadata, outbox, payload_blobs, runs
 
 PRUNED = "pruned"  # the mark's step and state
 
@@ -156,3 +159,75 @@ def remove_outbox(conn: Connection, *, after: int, upto: int, cutoff: datetime) 
         .scalar_subquery()
     )
     return int(conn.execute(delete(outbox).where(outbox.c.id.in_(old))).rowcount)
+
+
+# --- payloads kept apart (agent_jobs/store/blobs.py) ----------------------------------------
+
+
+def _payload_columns() -> list[tuple[str, str, bool]]:
+    """(table, column, is JSON) of every payload column."""
+    return [
+        (table.name, column.name, isinstance(column.type, Payload))
+        for table in metadata.sorted_tables
+        for column in table.columns
+        if isinstance(column.type, Payload | PayloadText)
+    ]
+
+
+def _referring(conn: Connection, table: str, column: str, is_json: bool) -> Any:
+    """The column's stored values (as stored: no codec) that refer to blobs."""
+    if is_json and conn.dialect.name == "postgresql":
+        where = f"jsonb_exists({column}, '{blobs.WRAPPED}')"
+        value = f"{column}::text"
+    else:
+        start = '{"' + blobs.WRAPPED if is_json else blobs.TEXT_PREFIX
+        where = f"substr({column}, 1, {len(start)}) = '{start}'"
+        value = column
+    return conn.execute(text(f"SELECT {value} FROM {table} WHERE {where}")).scalars()
+
+
+def referenced_blobs(conn: Connection) -> set[str]:
+    """The digests of the blobs some payload refers to, directly or through another blob.
+    Reads every payload column's references: a scan of the payload tables."""
+    found: set[str] = set()
+    nested: list[str] = []
+    for table, column, is_json in _payload_columns():
+        for stored in _referring(conn, table, column, is_json):
+            for digest, kind in blobs.references(stored):
+                if digest not in found:
+                    found.add(digest)
+                    if kind == "json":
+                        nested.append(digest)
+    while nested:
+        row = conn.execute(
+            select(payload_blobs.c.data).where(payload_blobs.c.sha256 == nested.pop())
+        ).first()
+        if row is None:
+            continue
+        inner = {blobs.WRAPPED: json.loads(bytes(row[0]))}
+        for digest, kind in blobs.references(inner):
+            if digest not in found:
+                found.add(digest)
+                if kind == "json":
+                    nested.append(digest)
+    return found
+
+
+def blobs_written_before(conn: Connection, cutoff: datetime) -> dict[str, int]:
+    """Every blob last written before `cutoff`: its digest and size."""
+    query = select(payload_blobs.c.sha256, payload_blobs.c.size).where(
+        payload_blobs.c.written_at < cutoff
+    )
+    return {str(digest): int(size) for digest, size in conn.execute(query).all()}
+
+
+def remove_blobs(conn: Connection, digests: Sequence[str], cutoff: datetime) -> tuple[int, int]:
+    """Delete these blobs unless one was written again since `cutoff` (a row that refers
+    to it again); (blobs, bytes) removed."""
+    gone = conn.execute(
+        delete(payload_blobs)
+        .where(payload_blobs.c.sha256.in_(list(digests)), payload_blobs.c.written_at < cutoff)
+        .returning(payload_blobs.c.size)
+    ).scalars()
+    sizes = [int(size) for size in gone]
+    return len(sizes), sum(sizes)

@@ -380,3 +380,17 @@ Index(
     sqlite_where=DATA_KEY_LIVE,
 )
 Index("ix_data_keys_master", data_keys.c.master_key_id)
+
+# Payloads kept apart (agent_jobs/store/blobs.py): a payload column's value over
+# AGENT_JOBS_PAYLOAD_INLINE_LIMIT bytes is here, addressed by the SHA-256 of its bytes (one
+# row however many columns hold it); the column holds a small reference to it.
+payload_blobs = Table(
+    "payload_blobs",
+    metadata,
+    Column("sha256", String(64), primary_key=True),  # hex
+    Column("size", BigInteger, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    # When a row last came to refer to it (each write sets it, the first and the next): a
+    # prune keeps a blob written lately, whose row may not have committed yet.
+    Column("written_at", DateTime(timezone=True), nullable=False),
+)
