@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+from sqlalchemy.exc import DontWrapMixin
+
 
 class AgentJobsError(Exception):
     """Root of every error this library raises on purpose."""
@@ -112,7 +114,7 @@ class RunAbandonedError(StoreError):
         )
 
 
-class EncryptionError(StoreError):
+class EncryptionError(StoreError, DontWrapMixin):
     """A payload could not be sealed or opened (docs/security.md, "Encryption at rest")."""
 
 
@@ -130,10 +132,11 @@ class PayloadOwnerError(EncryptionError):
     did not say whose run it belongs to): nothing is written in the clear instead."""
 
 
-class PayloadTooLargeError(StoreError):
+class PayloadTooLargeError(StoreError, DontWrapMixin):
     """A payload is larger than `AGENT_JOBS_PAYLOAD_MAX`: it fails its step (a tool's
     result: a failed tool call, whose error the model reads) and is never stored.
-    `size` is its size in bytes, or a lower bound of it when that was enough to refuse."""
+    `size` is its size in bytes, or a lower bound of it when that was enough to refuse.
+    Raised as it is from a statement binding the payload (SQLAlchemy's `DontWrapMixin`)."""
 
     def __init__(self, what: str, size: int, limit: int) -> None:
         self.what = what
@@ -146,7 +149,7 @@ class PayloadTooLargeError(StoreError):
         )
 
 
-class PayloadBlobError(StoreError):
+class PayloadBlobError(StoreError, DontWrapMixin):
     """A payload kept apart (agent_jobs/store/blobs.py) is missing or does not match its
     SHA-256: it is not read, and nothing is made of it."""
 

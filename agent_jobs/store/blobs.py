@@ -3,13 +3,17 @@
 A codec of the payload columns (agent_jobs/store/payloads.py), installed last: it sees
 what the others made of a value (an encrypted one, with encryption on). A value whose
 compact JSON (a text column's text) is at most `AGENT_JOBS_PAYLOAD_INLINE_LIMIT` bytes
-passes as it is. A larger one is split: each string in it larger than a quarter of the
-limit goes to `payload_blobs` as its UTF-8 bytes, and what is left, if still over the
-limit, goes there as JSON. The column keeps a small reference instead:
+passes as it is. In a larger one, each string larger than a quarter of the limit goes to
+`payload_blobs` as its UTF-8 bytes; if what is left is still over the limit, or is not a
+JSON object, it goes there too, as JSON. The column keeps a small reference instead:
 
-- a JSON column `{"$payload_blobs": <the value, its large parts replaced by references>}`,
-  a reference being `{"$payload_blob": "<sha256 hex>", "size": <bytes>, "as": "text"|"json"}`;
-- a text column `agent-jobs-blob:sha256:<hex>:<bytes>`.
+- a JSON object keeps its keys, its large strings replaced by references, and is marked:
+  `{"$payload_blobs": "inline", "type": …, "text": {"$payload_blob": "<sha256 hex>",
+  "size": <bytes>, "as": "text"}}`;
+- stored apart whole, a JSON value is `{"$payload_blobs": <a reference, "as": "json">}`,
+  with, for an object, its top-level keys of short strings, numbers and booleans beside
+  the mark: a query on them (a journal intent's `type`) still finds the row;
+- a text column keeps `agent-jobs-blob:sha256:<hex>:<bytes>`.
 
 A row of `payload_blobs` is its bytes' SHA-256: the same bytes are kept once, however many
 columns, steps or runs hold them (a tool's result is in its journal row, its tool call,
@@ -29,8 +33,8 @@ stored (`oversize`, called by the executor), and fails the step.
 
 A value written before this codec, or small, never looks like a reference: the keys
 `$payload_blobs` and `$payload_blob` and the text prefix are this module's. A value that
-would (a JSON object of the one key `$payload_blobs`, a text with the prefix) is itself
-stored apart, so it reads back as it was.
+would (a JSON object with the key `$payload_blobs`, a text with the prefix) is itself
+stored apart whole, so it reads back as it was.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ from . import driver
 from .payloads import Codecs
 from .schema import payload_blobs
 
-WRAPPED = "$payload_blobs"  # a JSON column's value with parts stored apart
+WRAPPED = "$payload_blobs"  # marks a JSON column's value with parts stored apart
+INLINE = "inline"  # the mark of an object kept inline but for its references
 REFERENCE = "$payload_blob"  # one part stored apart
 TEXT_PREFIX = "agent-jobs-blob:sha256:"
 _REFERENCE_KEYS = frozenset((REFERENCE, "size", "as"))
@@ -223,12 +228,12 @@ def references(stored: Any) -> list[tuple[str, str]]:
     if isinstance(stored, str):
         if stored.startswith(TEXT_PREFIX):
             return [(stored[len(TEXT_PREFIX) :].partition(":")[0], "text")]
-        if not stored.startswith('{"' + WRAPPED):
+        if f'"{WRAPPED}"' not in stored:
             return []
-        stored = json.loads(stored)  # a JSON column as SQLite gives it: text
-    if not (type(stored) is dict and len(stored) == 1 and WRAPPED in stored):
+        stored = json.loads(stored)  # a JSON column as SQLite (or a cast to text) gives it
+    if not (type(stored) is dict and WRAPPED in stored):
         return []
-    found, stack = [], [stored[WRAPPED]]
+    found, stack = [], [stored[WRAPPED] if _is_reference(stored[WRAPPED]) else stored]
     while stack:
         item = stack.pop()
         if _is_reference(item):
@@ -255,23 +260,32 @@ class BlobCodec:
                 raise PayloadTooLargeError("a stored payload", len(value), most)
             if len(value) * 6 + 2 <= inline:  # a character's JSON is at most 6 bytes
                 return value
-        text = _compact(value)
-        marked = type(value) is dict and WRAPPED in value and len(value) == 1
-        if not marked and (len(text) * 4 <= inline or _utf8_size(text) <= inline):
-            return value
-        del text
+        marked = type(value) is dict and WRAPPED in value
+        if not marked:
+            text = _compact(value)
+            if len(text) * 4 <= inline or _utf8_size(text) <= inline:
+                return value
+            del text
         writer = _Writer(_connection(), inline, most, set())
+        if isinstance(value, str):
+            return {WRAPPED: writer.text(value)}
         inner = writer.split(value)
-        rest = _compact(inner)
-        if _utf8_size(rest) > inline or marked:
-            digest, size = writer.put(rest.encode())
-            inner = {REFERENCE: digest, "size": size, "as": "json"}
-        return {WRAPPED: inner}
+        kept = type(value) is dict and not marked
+        if kept and _utf8_size(_compact(inner)) <= inline:
+            return {WRAPPED: INLINE, **inner}
+        digest, size = writer.put(_compact(inner).encode())
+        whole: dict[str, Any] = {WRAPPED: {REFERENCE: digest, "size": size, "as": "json"}}
+        if kept:
+            whole.update((k, v) for k, v in value.items() if _short(v))
+        return whole
 
     def decode_json(self, stored: Any) -> Any:
-        if type(stored) is dict and len(stored) == 1 and WRAPPED in stored:
-            return _resolve(_connection(), stored[WRAPPED])
-        return stored
+        if type(stored) is not dict or WRAPPED not in stored:
+            return stored
+        mark = stored[WRAPPED]
+        if _is_reference(mark):
+            return _resolve(_connection(), mark)
+        return _resolve(_connection(), {k: v for k, v in stored.items() if k != WRAPPED})
 
     def encode_text(self, value: str) -> str:
         inline, most = _limits()
@@ -291,6 +305,13 @@ class BlobCodec:
             return stored
         digest, _, size = stored[len(TEXT_PREFIX) :].partition(":")
         return fetch(_connection(), digest, int(size) if size.isdigit() else None).decode()
+
+
+def _short(value: Any) -> bool:
+    """A top-level value kept beside the mark of an object stored apart whole."""
+    if isinstance(value, str):
+        return len(value) <= 200
+    return value is None or isinstance(value, bool | int | float)
 
 
 def install() -> None:

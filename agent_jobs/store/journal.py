@@ -424,6 +424,7 @@ def insert_many(
             conn.execute(_INSERT, rows)
         event_rows.append(conn, events)
         return
+    driver.CONNECTION.set(conn)  # the codecs' connection (store/blobs.py)
     if Codecs.installed:  # the document's values reach no column type: encoded here
         rows = [r | {"intent": stored(r["intent"]), "result": stored(r["result"])} for r in rows]
     params = {"journal_rows": json.dumps(rows, default=_json_default, ensure_ascii=False)}

@@ -179,9 +179,12 @@ def _referring(conn: Connection, table: str, column: str, is_json: bool) -> Any:
     if is_json and conn.dialect.name == "postgresql":
         where = f"jsonb_exists({column}, '{blobs.WRAPPED}')"
         value = f"{column}::text"
+    elif is_json:  # JSON text on SQLite
+        where = f"instr({column}, '\"{blobs.WRAPPED}\"') > 0"
+        value = column
     else:
-        start = '{"' + blobs.WRAPPED if is_json else blobs.TEXT_PREFIX
-        where = f"substr({column}, 1, {len(start)}) = '{start}'"
+        prefix = blobs.TEXT_PREFIX
+        where = f"substr({column}, 1, {len(prefix)}) = '{prefix}'"
         value = column
     return conn.execute(text(f"SELECT {value} FROM {table} WHERE {where}")).scalars()
 

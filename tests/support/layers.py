@@ -54,6 +54,7 @@ MODULES: dict[str, str] = {
     # workers: real worker, beat, listener or serve subprocesses
     "tests/encryption/test_at_rest.py": "workers",
     "tests/controls/test_controls.py": "workers",
+    "tests/runs/test_large_payloads.py": "workers",
     "tests/controls/test_controls_doors.py": "workers",
     "tests/doors/test_cli_hardening.py": "workers",
     "tests/doors/test_doors_cli.py": "workers",

@@ -45,7 +45,7 @@ from ...observability import genai, observe
 from ...ratelimits.gate import ModelGate
 from ...settings import Settings
 from ...steps import ModelTurn, dump
-from ...store import RunView, Store
+from ...store import RunView, Store, model_requests
 from ...store import journal as journal_rows
 from ...store import runs as run_rows
 from ...store.db import utcnow
@@ -93,6 +93,9 @@ class InlineHooks(LoopHooks):
         # each checked against its position as a durable replay checks it.
         with store.connect() as conn:
             self.cursor = JournalCursor(journal_rows.load_for_replay(conn, run.run_id))
+        # (step, whole intent) of the last model step this turn journaled: the next one is
+        # journaled as what it adds, as the durable runner's are (store/model_requests.py).
+        self.last_model: tuple[str, Any] | None = None
         self.humans = HumanWaits(
             run,
             stream,
@@ -206,12 +209,16 @@ class InlineHooks(LoopHooks):
     ) -> None:
         """The step's events and its journal row, in the step's transaction."""
         env.flush_events(conn)
+        intent = dump(call.intent)
+        if isinstance(call.intent, ModelTurn):
+            whole, intent = intent, model_requests.slim(intent, self.last_model)
+            self.last_model = (call.name, whole)
         journal_rows.insert_done(
             conn,
             run_id=self.run.run_id,
             step=call.name,
             seq=seq,
-            intent=dump(call.intent),
+            intent=intent,
             result=result,
             started_at=started,
         )

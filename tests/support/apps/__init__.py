@@ -2,7 +2,8 @@
 
 One app, built up by subject: `base` (the side table that counts every model call and tool
 execution, the counting model, the app and its basic tools and agents), `runtime`,
-`delegation`, `history`, `faults` and `deadlines` each add their tools and agents to it.
+`delegation`, `history`, `faults`, `deadlines`, `timers` and `payloads` each add their
+tools and agents to it.
 Importing this package imports them all, so a worker loading `tests.support.apps:app`
 knows every tool; every name a test uses is re-exported here (`apps.executed`,
 `from tests.support.apps import DEADLINE`).
@@ -23,6 +24,7 @@ from tests.support.apps import history
 from tests.support.apps import faults
 from tests.support.apps import deadlines
 from tests.support.apps import timers
+from tests.support.apps import payloads
 
 # isort: on
 from tests.support.apps.base import (
@@ -94,6 +96,7 @@ __all__ = [
     "history",
     "lookup",
     "open_gate",
+    "payloads",
     "python_loop",
     "record",
     "refund",
