@@ -94,7 +94,9 @@ def test_the_same_result_in_two_runs_is_stored_once(harness: Harness) -> None:
     assert seen(first) == seen(second)
 
 
-def test_a_result_over_the_maximum_fails_its_call_and_the_run_goes_on(harness: Harness) -> None:
+def test_a_result_over_the_maximum_fails_its_call_and_the_run_goes_on(
+    harness: Harness, capsys: Any
+) -> None:
     h = harness
     size = 100 * MB
     most = get_settings().payload_max
@@ -115,6 +117,8 @@ def test_a_result_over_the_maximum_fails_its_call_and_the_run_goes_on(harness: H
     pid, before = (int(part) for part in where.split(":"))
     peak = memory("VmHWM", Path(f"/proc/{pid}/status"))
     assert peak - before < size + 50 * MB, (peak - before) / MB
+    with capsys.disabled():
+        print(f"\n[{type(h).__name__}] a {size:,}-byte result: peak memory +{peak - before:,}")
 
 
 def test_a_long_run_journals_what_each_turn_adds(harness: Harness, capsys: Any) -> None:
