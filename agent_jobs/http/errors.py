@@ -26,6 +26,7 @@ from ..errors import (
     Conflict,
     Forbidden,
     InvalidRequestError,
+    PayloadBlobError,
     TooManyRunsError,
     UnknownAgentError,
     UnknownCallError,
@@ -33,6 +34,7 @@ from ..errors import (
     UnknownRunError,
     UnknownThreadError,
 )
+from ..errors import PayloadTooLargeError as TooLargeToKeep
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
@@ -97,6 +99,8 @@ LIBRARY_ANSWERS: tuple[tuple[type, int, str | None], ...] = (
     (UnknownAgentError, 422, None),
     (InvalidRequestError, 422, None),
     (TooManyRunsError, 429, None),
+    (TooLargeToKeep, 413, None),  # a payload over AGENT_JOBS_PAYLOAD_MAX
+    (PayloadBlobError, 500, None),  # a payload kept apart is missing or altered
     (Conflict, 409, "ConflictError"),
     (ApprovalError, 409, "ConflictError"),
     (ConfigurationError, 500, None),

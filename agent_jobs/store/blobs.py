@@ -49,6 +49,7 @@ from sqlalchemy import Connection, Engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..errors import PayloadBlobError, PayloadTooLargeError
+from ..settings import get_settings
 from . import driver
 from .payloads import Codecs
 from .schema import payload_blobs
@@ -57,6 +58,8 @@ WRAPPED = "$payload_blobs"  # marks a JSON column's value with parts stored apar
 INLINE = "inline"  # the mark of an object kept inline but for its references
 REFERENCE = "$payload_blob"  # one part stored apart
 TEXT_PREFIX = "agent-jobs-blob:sha256:"
+# A string this short is under any inline limit (at least 1024 bytes) however encoded.
+_SHORT = 170
 _REFERENCE_KEYS = frozenset((REFERENCE, "size", "as"))
 _HEX = frozenset("0123456789abcdef")
 
@@ -98,8 +101,6 @@ def oversize(value: Any, what: str, most: int | None = None) -> PayloadTooLargeE
     characters) than the maximum is refused without being encoded, a structure whose
     strings alone pass it without being serialized; otherwise it is serialized once."""
     if most is None:
-        from ..settings import get_settings
-
         most = get_settings().payload_max
     if value is None or isinstance(value, bool | int | float):
         return None
@@ -183,8 +184,6 @@ def _connection() -> Connection:
 
 
 def _limits() -> tuple[int, int]:
-    from ..settings import get_settings
-
     settings = get_settings()
     return settings.payload_inline_limit, settings.payload_max
 
@@ -254,6 +253,8 @@ class BlobCodec:
     def encode_json(self, value: Any) -> Any:
         if value is None or isinstance(value, bool | int | float):
             return value
+        if isinstance(value, str) and len(value) <= _SHORT:
+            return value
         inline, most = _limits()
         if isinstance(value, str):
             if len(value) > most:  # over the maximum however it is encoded
@@ -288,6 +289,8 @@ class BlobCodec:
         return _resolve(_connection(), {k: v for k, v in stored.items() if k != WRAPPED})
 
     def encode_text(self, value: str) -> str:
+        if len(value) <= _SHORT and not value.startswith(TEXT_PREFIX):
+            return value
         inline, most = _limits()
         prefixed = value.startswith(TEXT_PREFIX)
         if len(value) * 4 <= inline and not prefixed:

@@ -219,3 +219,14 @@ def test_the_prune_follows_references_inside_a_blob(store: Store, limits: None) 
     later = utcnow() + timedelta(hours=2)
     assert retention.prune(store, older_than=1000, now=later).blobs == 0
     assert store.journal("r1")[0]["result"] == value
+
+
+def test_the_doors_answer_a_payload_refused_or_unreadable() -> None:
+    from agent_jobs.cli.common import exit_code_of
+    from agent_jobs.http.errors import answer_of
+
+    too_large = PayloadTooLargeError("the run's input", 40_000_000, 33_554_432)
+    unreadable = PayloadBlobError("0" * 64, "is missing")
+    assert answer_of(too_large) == (413, "PayloadTooLargeError")
+    assert answer_of(unreadable) == (500, "PayloadBlobError")
+    assert exit_code_of(too_large) == exit_code_of(unreadable) == 2
