@@ -121,6 +121,16 @@ def test_a_result_over_the_maximum_fails_its_call_and_the_run_goes_on(
         print(f"\n[{type(h).__name__}] a {size:,}-byte result: peak memory +{peak - before:,}")
 
 
+def test_a_reply_over_the_maximum_fails_its_model_step(harness: Harness) -> None:
+    h = harness
+    run_id = h.start("wordy", str(40 * MB))
+    view = h.wait_status(run_id, "failed")
+
+    assert "AGENT_JOBS_PAYLOAD_MAX" in (view.error or ""), view.error
+    assert largest_stored(h, run_id) < 4096
+    assert max(blobs(h).values(), default=0) <= get_settings().payload_max
+
+
 def test_a_long_run_journals_what_each_turn_adds(harness: Harness, capsys: Any) -> None:
     """100 turns of a 10.5 KB result each: the whole history, journaled at every turn,
     would be 53 MB; the journal grows by about the same at each turn."""

@@ -17,7 +17,7 @@ from agent_jobs import retention
 from agent_jobs.errors import PayloadBlobError, PayloadTooLargeError
 from agent_jobs.messages import Message
 from agent_jobs.settings import get_settings
-from agent_jobs.store import Store, threads
+from agent_jobs.store import Store, model_requests, threads
 from agent_jobs.store import blobs as blob_codec
 from agent_jobs.store import journal as journal_rows
 from agent_jobs.store.db import utcnow
@@ -164,6 +164,33 @@ def test_the_journal_of_a_pass_keeps_its_large_intents_apart(store: Store) -> No
 
     assert len(as_stored(store, "r1")) < 1000
     assert store.journal("r1")[0]["intent"] == {"a": BIG}
+
+
+def test_a_model_intent_kept_apart_is_found_and_made_whole(store: Store) -> None:
+    """A model step's intent journaled as what it adds (store/model_requests.py) is found
+    by its `type` and made whole from the one before, large parts and all."""
+    request = {"messages": [{"content": BIG}], "system": "s", "tools": []}
+    first = {"type": "model_turn", "request": request}
+    whole = {
+        "type": "model_turn",
+        "request": {
+            "messages": [{"content": BIG}, {"content": BIG + "!"}],
+            "system": "s",
+            "tools": [],
+        },
+    }
+    second = model_requests.slim(whole, ("model:1", first))
+    with store.begin() as conn:
+        journal_rows.insert_done(
+            conn, run_id="r1", step="model:1", seq=1, intent=first, result=None
+        )
+        journal_rows.insert_done(
+            conn, run_id="r1", step="model:2", seq=2, intent=second, result=None
+        )
+    assert len(kept(store)) == 2
+
+    with store.connect() as conn:
+        assert journal_rows.whole_model_intent(conn, "r1", "model:2") == whole
 
 
 def test_a_value_over_the_maximum_is_refused_before_it_is_stored(

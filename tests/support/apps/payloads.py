@@ -78,3 +78,15 @@ class SizingModel:
 
 
 app.agent("sizing", model=SizingModel(), tools=["sized"], max_steps=200)
+
+
+class WordyModel:
+    """Answers with as many characters as the run's input says."""
+
+    name = "wordy"
+
+    def run_turn(self, request: ModelRequest, sink: DeltaSink) -> ModelResponse:
+        return ModelResponse(text="w" * int(request.messages[0].content))
+
+
+app.agent("wordy", model=WordyModel())
