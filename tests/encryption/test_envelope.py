@@ -11,12 +11,16 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Text, select, text, type_coerce
-from sqlalchemy.exc import StatementError
 
 from agent_jobs import encryption
 from agent_jobs.encryption import envelope, maintenance
 from agent_jobs.encryption.keyring import keyring
-from agent_jobs.errors import ConfigurationError, PayloadKeyError, PayloadOwnerError
+from agent_jobs.errors import (
+    ConfigurationError,
+    PayloadKeyError,
+    PayloadOwnerError,
+    UnknownRunError,
+)
 from agent_jobs.store import Store, threads
 from agent_jobs.store import runs as run_rows
 from agent_jobs.store.payloads import Codecs
@@ -149,10 +153,12 @@ def test_a_runs_payloads_are_sealed_at_rest_and_read_back(sealed_store: Store) -
 
 
 def test_a_payload_with_no_owner_is_refused_never_written_clear(sealed_store: Store) -> None:
-    with pytest.raises(StatementError) as caught, sealed_store.begin() as conn:
+    # Raised as it is, not wrapped in SQLAlchemy's StatementError (DontWrapMixin).
+    with pytest.raises(PayloadOwnerError), sealed_store.begin() as conn:
         threads.ensure_thread(conn, "t1")
         conn.execute(runs.insert().values(id="r0", thread_id="t1", input="clear?"))
-    assert isinstance(caught.value.orig, PayloadOwnerError)
+    with pytest.raises(UnknownRunError):
+        sealed_store.get_run("r0")  # nothing was written
 
 
 def test_a_missing_master_key_fails_closed_naming_the_key(sealed_store: Store) -> None:
