@@ -138,7 +138,9 @@ def _append_pg(
 
 
 def _owned(conn: Connection, thread_id: str, run_id: str | None, data: Any) -> Any:
-    """An event's data as stored, its run's actor (or its thread's) its owner."""
+    """An event's data as stored, its run's actor (or its thread's) its owner, a part
+    kept apart written on this connection (store/blobs.py)."""
+    driver.CONNECTION.set(conn)
     if run_id is not None:
         own_run(conn, run_id)
     else:
