@@ -25,7 +25,7 @@ from ..store import Store, payload_rows
 from ..store import data_keys as key_rows
 from ..store.db import utcnow
 from ..store.payloads import Payload, PayloadText
-from ..store.schema import Json, metadata, runs
+from ..store.schema import Json, metadata, runs, threads
 from . import envelope
 from .keyring import keyring, own
 
@@ -174,6 +174,8 @@ def _is_clear(column: Column[Any], row: Any) -> bool:
 def _owner_columns(table: Table) -> list[Any]:
     if table is runs:
         return [runs.c.actor.label("owner_actor")]
+    if table is threads:  # its title: its first run's actor's
+        return [threads.c.id.label("owner_thread")]
     if "run_id" in table.c:
         actor = select(runs.c.actor).where(runs.c.id == table.c.run_id).scalar_subquery()
         found = [actor.label("owner_actor")]
@@ -187,7 +189,7 @@ def _owner_of(
     conn: Connection, table: Table, row: Any, owners: dict[str, str | None]
 ) -> str | None:
     """The actor whose key seals the row: its run's; for a row of a thread and no run
-    (a message posted to it), the thread's first run's."""
+    (a message posted to it, the thread's own title), the thread's first run's."""
     mapping = row._mapping
     actor = mapping.get("owner_actor")
     if actor is not None:

@@ -37,7 +37,7 @@ threads = Table(
     "threads",
     metadata,
     Column("id", String(64), primary_key=True),
-    Column("title", Text, nullable=True),
+    Column("title", PayloadText, nullable=True),
     # The last sequence number handed to the thread's session log (events).
     Column("event_seq", BigInteger, nullable=False, server_default="0"),
     Column("created_at", DateTime(timezone=True), nullable=False),

@@ -38,9 +38,18 @@ KEY_ID, KEYS = test_encryption.KEY_ID, test_encryption.KEYS_JSON
 ON = {"AGENT_JOBS_ENCRYPTION_KEYS": KEYS, "AGENT_JOBS_ENCRYPTION_KEY_ID": KEY_ID}
 OFF = {"AGENT_JOBS_ENCRYPTION_KEYS": "", "AGENT_JOBS_ENCRYPTION_KEY_ID": ""}
 # Words of the support scenario's input, model text, tool arguments and results: none may
-# be in a payload column as stored. (The thread's title, clear by design, holds the input.)
+# be in a payload column as stored (the thread's title, made of the input, included).
 MARKERS = ("ZEBRA-INPUT", "Checking.", "refunded", "order_id")
-PAYLOAD_TABLES = ("runs", "messages", "tool_calls", "journal", "events", "questions", "outbox")
+PAYLOAD_TABLES = (
+    "threads",
+    "runs",
+    "messages",
+    "tool_calls",
+    "journal",
+    "events",
+    "questions",
+    "outbox",
+)
 
 
 @pytest.fixture
