@@ -53,6 +53,7 @@ MODULES: dict[str, str] = {
     "test_a_model_step_replayed_by_another_worker_keeps_its_one_span": "crash",
     # workers: real worker, beat, listener or serve subprocesses
     "tests/encryption/test_at_rest.py": "workers",
+    "tests/encryption/test_doors_sealed.py": "workers",
     "tests/controls/test_controls.py": "workers",
     "tests/runs/test_large_payloads.py": "workers",
     "tests/controls/test_controls_doors.py": "workers",
