@@ -127,6 +127,12 @@ class PayloadKeyError(EncryptionError):
         super().__init__(message)
 
 
+class PayloadForgottenError(PayloadKeyError):
+    """A stored payload belongs to an actor who was forgotten (`agent-jobs forget`): the
+    data key that sealed it is destroyed. The runs list shows such a run with its id and
+    status, its payloads as FORGOTTEN; every other read fails with this error."""
+
+
 class PayloadOwnerError(EncryptionError):
     """A payload was to be written with encryption on, and no actor owns it (the store
     did not say whose run it belongs to): nothing is written in the clear instead."""

@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import PayloadKeyError
+from ..errors import PayloadForgottenError, PayloadKeyError
 from . import envelope
-from .keyring import DataKey, keyring, owner_key
+from .keyring import DataKey, keyring, owner_key, showing_forgotten
+
+# What a forgotten actor's payload reads as where the runs list shows it.
+FORGOTTEN = "(forgotten)"
 
 
 class EncryptionCodec:
@@ -27,7 +30,12 @@ class EncryptionCodec:
         found = _read(envelope.read_json_form, stored)
         if found is None:
             return stored
-        return envelope.loads(_open(*found))
+        try:
+            return envelope.loads(_open(*found))
+        except PayloadForgottenError:
+            if showing_forgotten():
+                return {"forgotten": True}
+            raise
 
     def encode_text(self, value: str) -> str:
         key = owner_key()
@@ -39,7 +47,12 @@ class EncryptionCodec:
         found = _read(envelope.read_text_form, stored)
         if found is None:
             return stored
-        return _open(*found).decode()
+        try:
+            return _open(*found).decode()
+        except PayloadForgottenError:
+            if showing_forgotten():
+                return FORGOTTEN
+            raise
 
 
 def _read(form: Callable[[Any], tuple[str, bytes] | None], stored: Any) -> tuple[str, bytes] | None:

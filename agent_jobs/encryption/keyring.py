@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event, select
 
-from ..errors import PayloadKeyError, PayloadOwnerError
+from ..errors import PayloadForgottenError, PayloadKeyError, PayloadOwnerError
 from ..store import data_keys as rows
 from ..store.db import schema_of
 from ..store.schema import runs
@@ -107,7 +107,7 @@ class Keyring:
     def unwrap(self, row: Any) -> DataKey:
         """The data key of a `data_keys` row, or PayloadKeyError saying why not."""
         if row.wrapped is None:
-            raise PayloadKeyError(
+            raise PayloadForgottenError(
                 f"the data of actor {row.actor!r} was forgotten: data key {row.id} "
                 "was destroyed, and what it sealed cannot be read",
                 key_id=row.id,
@@ -202,6 +202,25 @@ class Keyring:
 
 
 _OWNER: ContextVar[DataKey | None] = ContextVar("agent_jobs_payload_owner", default=None)
+# Reads that show a forgotten actor's payloads as FORGOTTEN instead of failing: the runs
+# list, so that a forgotten actor's runs stay listed with their ids and statuses.
+_SHOW_FORGOTTEN: ContextVar[bool] = ContextVar("agent_jobs_show_forgotten", default=False)
+
+
+@contextmanager
+def forgotten_shown() -> Iterator[None]:
+    """Within it, a payload of a forgotten actor reads as FORGOTTEN (codec.py)."""
+    token = _SHOW_FORGOTTEN.set(True)
+    try:
+        yield
+    finally:
+        _SHOW_FORGOTTEN.reset(token)
+
+
+def showing_forgotten() -> bool:
+    return _SHOW_FORGOTTEN.get()
+
+
 _KEYRING = Keyring({}, None)
 _LISTENING: weakref.WeakSet[Engine] = weakref.WeakSet()
 

@@ -11,6 +11,7 @@ from pydantic import SecretStr
 from sqlalchemy import Connection, Engine
 
 from .. import encryption
+from ..encryption.keyring import forgotten_shown
 from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
@@ -80,7 +81,7 @@ class Store:
     def list_runs(
         self, *, limit: int = 50, status: str | None = None, thread_id: str | None = None
     ) -> list[RunView]:
-        with self.connect() as conn:
+        with self.connect() as conn, forgotten_shown():
             rows = runs.list_runs(conn, limit=limit, status=status, thread_id=thread_id)
         return [RunView.from_row(row) for row in rows]
 
@@ -93,7 +94,7 @@ class Store:
         cursor: str | None = None,
     ) -> RunPage:
         """A page of the runs list, newest first (store/listing.py)."""
-        with self.connect() as conn:
+        with self.connect() as conn, forgotten_shown():
             return list_runs(conn, where, reader=reader, limit=limit, cursor=cursor)
 
     def trees(self, root_run_ids: Collection[str]) -> Trees:

@@ -17,12 +17,14 @@ from agent_jobs.encryption import envelope, maintenance
 from agent_jobs.encryption.keyring import keyring
 from agent_jobs.errors import (
     ConfigurationError,
+    PayloadForgottenError,
     PayloadKeyError,
     PayloadOwnerError,
     UnknownRunError,
 )
 from agent_jobs.store import Store, threads
 from agent_jobs.store import runs as run_rows
+from agent_jobs.store.listing import RunFilter
 from agent_jobs.store.payloads import Codecs
 from agent_jobs.store.schema import Json, data_keys, runs
 
@@ -209,8 +211,16 @@ def test_forget_leaves_the_bytes_unreadable_and_other_actors_alone(sealed_store:
     with pytest.raises(PayloadKeyError, match="actor 'alice' was forgotten"):
         sealed_store.get_run("r1")
     assert sealed_store.get_run("r2").input == "bob's words"
-    with sealed_store.connect() as conn:  # still listed, with id and status
+    with sealed_store.connect() as conn:  # still there, with id and status
         assert conn.execute(select(runs.c.id, runs.c.status).where(runs.c.id == "r1")).one()
+    # …and listed: the list shows a forgotten run's payloads as forgotten.
+    listed = {r.run_id: r for r in sealed_store.runs_page(RunFilter()).runs}
+    assert (listed["r1"].status, listed["r1"].input) == ("completed", "(forgotten)")
+    assert listed["r1"].metadata == {"forgotten": True}
+    assert listed["r2"].input == "bob's words"
+    assert [r.input for r in sealed_store.list_runs() if r.run_id == "r1"] == ["(forgotten)"]
+    with pytest.raises(PayloadForgottenError):  # anywhere else, refused as ever
+        sealed_store.get_run("r1")
     assert maintenance.forget(sealed_store, "alice").keys == []
     add_run(sealed_store, "r3", "alice", "a new key")  # a new run, a new key
     assert sealed_store.get_run("r3").input == "a new key"
