@@ -249,3 +249,37 @@ def test_encrypt_existing_seals_clear_rows_and_leaves_sealed_ones(
             assert run.input == f"old-{n}" and run.metadata == {"n": n}
     finally:
         store.engine.dispose()
+
+
+def test_a_notification_is_sealed_in_the_outbox_and_delivered_clear(
+    sealed_store: Store,
+) -> None:
+    """The outbox keeps a notification's body sealed; the webhook, whose receiver the
+    deployment trusts with its runs, gets it clear and signed."""
+    from agent_jobs.notify.sender import Sender
+    from agent_jobs.notify.webhook import Webhook
+    from agent_jobs.runs import RunRequest, create_run
+    from agent_jobs.store.schema import outbox
+    from tests.operations.test_notifications import SECRET, Receiver, running, settings_for
+    from tests.support.waiting import eventually
+
+    with sealed_store.begin() as conn:
+        request = RunRequest(agent="support", input="go", actor="alice", metadata={"t": 7})
+        create_run(conn, request, run_id="n1", runner="inline", status="running")
+    with sealed_store.begin() as conn:
+        assert run_rows.finish_run(conn, "n1", "completed", output="MARKER-output")
+    with sealed_store.connect() as conn:
+        [stored] = conn.execute(select(type_coerce(outbox.c.body, Json))).scalars().all()
+    assert set(stored) == {"$enc", "k", "d"} and "MARKER" not in json.dumps(stored)
+
+    receiver = Receiver().start()
+    settings = settings_for(sealed_store, None, webhook_url=receiver.url, webhook_secret=SECRET)
+    sender = Sender(sealed_store, settings, webhook=Webhook.from_settings(settings))
+    try:
+        with running(sender):
+            eventually(receiver.delivered, what="the notification to be delivered")
+    finally:
+        receiver.stop()
+    [got] = receiver.delivered()
+    assert got.signed and got.event["output"] == "MARKER-output"
+    assert got.event["metadata"] == {"t": 7} and got.event["actor"] == "alice"
