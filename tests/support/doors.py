@@ -246,8 +246,12 @@ class Doors:
                     dict(r._mapping)
                     for r in conn.execute(
                         select(runs)
-                        .where(runs.c.root_run_id == select(runs.c.root_run_id)
-                               .where(runs.c.id == run_id).scalar_subquery())
+                        .where(
+                            runs.c.root_run_id
+                            == select(runs.c.root_run_id)
+                            .where(runs.c.id == run_id)
+                            .scalar_subquery()
+                        )
                         .order_by(runs.c.id)
                     )
                 ],
