@@ -23,10 +23,13 @@ class EncryptionCodec:
     def encode_json(self, value: Any) -> Any:
         key = owner_key()
         if key is None:
-            return value
+            return envelope.escaped_json(value)
         return envelope.json_form(key.id, _seal(key, envelope.dumps(value)))
 
     def decode_json(self, stored: Any) -> Any:
+        escaped, value = envelope.unescaped_json(stored)
+        if escaped:
+            return value
         found = _read(envelope.read_json_form, stored)
         if found is None:
             return stored
@@ -40,10 +43,12 @@ class EncryptionCodec:
     def encode_text(self, value: str) -> str:
         key = owner_key()
         if key is None:
-            return value
+            return envelope.escaped_text(value)
         return envelope.text_form(key.id, _seal(key, value.encode()))
 
     def decode_text(self, stored: str) -> str:
+        if stored.startswith(envelope.TEXT_ESCAPE):
+            return stored[len(envelope.TEXT_ESCAPE) :]
         found = _read(envelope.read_text_form, stored)
         if found is None:
             return stored

@@ -64,6 +64,34 @@ def text_form(data_key_id: str, sealed: bytes) -> str:
     return f"{TEXT_MARK}{data_key_id}${base64.b64encode(sealed).decode()}"
 
 
+# A clear value that would read as sealed (a caller's metadata shaped like a JSON form, a
+# text that starts like a sealed one) is written escaped, and read back as it was.
+ESCAPED = 0  # {"$enc": 0, "v": <the clear value>}
+TEXT_ESCAPE = "$enc$0$"  # "$enc$0$<the clear text>"
+
+
+def escaped_json(value: Any) -> Any:
+    """`value` as written clear: escaped if it looks like a stored form of this module."""
+    if isinstance(value, dict) and JSON_MARK in value:
+        return {JSON_MARK: ESCAPED, "v": value}
+    return value
+
+
+def escaped_text(value: str) -> str:
+    if value.startswith("$enc$"):
+        return TEXT_ESCAPE + value
+    return value
+
+
+def unescaped_json(stored: Any) -> tuple[bool, Any]:
+    """(True, the clear value) of an escaped JSON value; (False, None) otherwise."""
+    if not (isinstance(stored, dict) and len(stored) == 2 and "v" in stored):
+        return False, None
+    if stored.get(JSON_MARK) != ESCAPED:
+        return False, None
+    return True, stored["v"]
+
+
 def read_json_form(stored: Any) -> tuple[str, bytes] | None:
     """(data key id, sealed bytes) of a sealed JSON value; None for a clear one."""
     if not (isinstance(stored, dict) and JSON_MARK in stored and len(stored) == 3):

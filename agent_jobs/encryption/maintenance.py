@@ -24,7 +24,7 @@ from ..errors import ConfigurationError
 from ..store import Store, payload_rows
 from ..store import data_keys as key_rows
 from ..store.db import utcnow
-from ..store.payloads import Payload, PayloadText
+from ..store.payloads import Codecs, Payload, PayloadText
 from ..store.schema import Json, metadata, runs, threads
 from . import envelope
 from .keyring import keyring, own
@@ -145,7 +145,7 @@ def _encrypt_table(
             )
             count = 0
             for row in found:
-                clear = {c.name: row._mapping[c.name] for c in columns if _is_clear(c, row)}
+                clear = {c.name: _value(c, row) for c in columns if _is_clear(c, row)}
                 if not clear:
                     continue
                 actor = _owner_of(conn, table, row, owners)
@@ -160,6 +160,15 @@ def _encrypt_table(
             yield count
         if len(found) < batch:
             return
+
+
+def _value(column: Column[Any], row: Any) -> Any:
+    """A clear payload's value as its readers see it (a part kept apart fetched, an
+    escaped look-alike as it was): what the update writes back, sealed."""
+    stored = row._mapping[column.name]
+    if isinstance(column.type, Payload):
+        return Codecs.decode_json(stored)
+    return Codecs.decode_text(stored)
 
 
 def _is_clear(column: Column[Any], row: Any) -> bool:

@@ -283,3 +283,31 @@ def test_a_notification_is_sealed_in_the_outbox_and_delivered_clear(
     [got] = receiver.delivered()
     assert got.signed and got.event["output"] == "MARKER-output"
     assert got.event["metadata"] == {"t": 7} and got.event["actor"] == "alice"
+
+
+def test_a_clear_value_shaped_like_a_sealed_one_reads_back_as_it_was(
+    tmp_path: Path, restore: None
+) -> None:
+    """A caller's metadata shaped like a sealed JSON form, an input that starts like a
+    sealed text: written clear (encryption off) they read back as they were, never taken
+    for sealed; sealed later by encrypt-existing, they still do."""
+    encryption.configure(None, None, settings=False)
+    store = Store.from_url(f"sqlite:///{tmp_path / 'alike.db'}", auto_upgrade=True)
+    alike_text = "$enc$1$k$AAAA"
+    alike_json = {"$enc": 1, "k": "k", "d": "AAAA"}
+    try:
+        add_run(store, "r1", "alice", alike_text, **alike_json)
+        run = store.get_run("r1")
+        assert (run.input, run.metadata) == (alike_text, alike_json)
+        encryption.configure(keys(k1=K1), "k1", settings=False)
+        assert maintenance.encrypt_existing(store)["runs"] == 1
+        stored_input, stored_meta = raw_run(store, "r1")
+        assert stored_input.startswith(envelope.TEXT_MARK) and set(stored_meta) == {
+            "$enc",
+            "k",
+            "d",
+        }
+        run = store.get_run("r1")
+        assert (run.input, run.metadata) == (alike_text, alike_json)
+    finally:
+        store.engine.dispose()
