@@ -311,3 +311,21 @@ def test_a_clear_value_shaped_like_a_sealed_one_reads_back_as_it_was(
         assert (run.input, run.metadata) == (alike_text, alike_json)
     finally:
         store.engine.dispose()
+
+
+def test_encrypt_existing_seals_a_payload_kept_apart(tmp_path: Path, restore: None) -> None:
+    """A clear run whose input was kept apart (over the inline limit) is sealed whole by
+    encrypt-existing, and reads back as it was."""
+    encryption.configure(None, None, settings=False)
+    store = Store.from_url(f"sqlite:///{tmp_path / 'apart.db'}", auto_upgrade=True)
+    big = "words " * 60_000  # 360 kB: over the 256 KiB inline limit
+    try:
+        add_run(store, "r1", "alice", big)
+        assert raw_run(store, "r1")[0].startswith("agent-jobs-blob:sha256:")
+        encryption.configure(keys(k1=K1), "k1", settings=False)
+        assert maintenance.encrypt_existing(store)["runs"] == 1
+        assert store.get_run("r1").input == big
+        stored_input, _ = raw_run(store, "r1")
+        assert "words" not in stored_input
+    finally:
+        store.engine.dispose()
