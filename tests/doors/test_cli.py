@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sqlite3
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import encryption as test_encryption
 from tests.support.waiting import TIMEOUT, eventually
 
 CLI = [sys.executable, "-m", "agent_jobs.cli"]
@@ -24,9 +24,7 @@ CLI = [sys.executable, "-m", "agent_jobs.cli"]
 def agent_jobs(
     *args: str, cwd: Path, input: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | (
-        env or {}
-    )
+    environment = test_encryption.bare_environ() | (env or {})
     return subprocess.run(
         [*CLI, *args],
         cwd=cwd,
@@ -123,7 +121,7 @@ def running(
     """`agent-jobs ARGS` going on in the background, with a terminal that never answers
     unless written to (stdin stays open), and what it printed so far. Its output goes to
     a file: a pipe nobody reads fills up and blocks the run while it waits."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    environment = test_encryption.bare_environ() | env
     path = tmp_path / "run.out"
     with path.open("w") as output:
         proc = subprocess.Popen(
@@ -227,7 +225,7 @@ def test_run_answers_a_tools_questions_at_the_prompt(tmp_path: Path) -> None:
 
 
 def _start_waiting(tmp_path: Path, env: dict[str, str], agent: str, run_id: str) -> Any:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    environment = test_encryption.bare_environ() | env
     proc = subprocess.Popen(
         [*CLI, "run", "go", "--agent", agent, "--run-id", run_id],
         cwd=tmp_path,

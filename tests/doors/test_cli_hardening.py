@@ -22,6 +22,7 @@ from agent_jobs.checkpoints import Decision
 from agent_jobs.errors import DecisionRefusedError
 from agent_jobs.messages import args_sha256
 from tests.doors.test_cli import APP_MODULE, CLI, agent_jobs
+from tests.support import encryption as test_encryption
 from tests.support.doors import ROOT, Doors, approval, cli, open_doors, signed, wait_for
 from tests.support.redis_server import RedisServer, free_port
 
@@ -365,7 +366,7 @@ def test_inline_run_without_a_terminal_waits_for_a_decision_from_elsewhere(
 ) -> None:
     (tmp_path / "cliapp.py").write_text(APP_MODULE)
     env = {"AGENT_JOBS_APP": "cliapp:app", "PYTHONPATH": str(tmp_path)}
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    environment = test_encryption.bare_environ() | env
     proc = subprocess.Popen(
         [*CLI, "run", "go", "--agent", agent, "--run-id", "r1"],
         cwd=tmp_path, env=environment, stdin=subprocess.DEVNULL,

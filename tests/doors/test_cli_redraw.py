@@ -17,6 +17,7 @@ import pytest
 
 from agent_jobs.cli.frames import Screen, follow, rows
 from tests.doors.test_cli import CLI, agent_jobs
+from tests.support import encryption as test_encryption
 
 ESC = "\x1b"
 VOID = "; what it streamed above is void"
@@ -389,7 +390,7 @@ def test_run_sets_a_retried_model_steps_void_text_apart(tmp_path: Path) -> None:
 
 
 def test_run_on_a_terminal_erases_a_retried_model_steps_void_text(tmp_path: Path) -> None:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    environment = test_encryption.bare_environ()
     environment |= _flaky_env(tmp_path) | {"TERM": "xterm", "COLUMNS": "80", "LINES": "24"}
     master, slave = pty.openpty()
     with subprocess.Popen(

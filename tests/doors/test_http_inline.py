@@ -3,12 +3,12 @@ server's own process. Start, stream, approve, answer, complete: all over HTTP.""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support import encryption as test_encryption
 from tests.support.apps import executed
 from tests.support.apps.http import ANSWER
 from tests.support.serve import Api, ApiServer, api_env, assert_error, events
@@ -19,7 +19,7 @@ from tests.support.workers import ROOT
 @pytest.fixture(scope="module")
 def inline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer, str]]:
     url = f"sqlite:///{tmp_path_factory.mktemp('inline') / 'agent_jobs.db'}"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    base = test_encryption.bare_environ()
     env = api_env({**base, "PYTHONPATH": str(ROOT), "AGENT_JOBS_DATABASE_URL": url})
     server = ApiServer(env, "serve-inline").start()
     try:
@@ -145,7 +145,7 @@ def test_a_threads_model_is_switched_over_http_and_the_cli_on_the_inline_server(
                 break
     path = f"/v1/runs/{run_id}/model"
     assert_error(api.call("alice", "POST", path, json={"model": "m2"}), 403)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    base = test_encryption.bare_environ()
     env = {**api_env(base), "PYTHONPATH": str(ROOT), "AGENT_JOBS_DATABASE_URL": inline[1]}
     by_cli = cli("model", run_id, "--model", "m3", env=env)
     assert by_cli.returncode == 0 and f"thread {run_id} uses m3" in by_cli.stdout, by_cli.stderr

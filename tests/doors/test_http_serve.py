@@ -4,7 +4,6 @@ and `/healthz` when the database goes away and comes back."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support import encryption as test_encryption
 from tests.support.serve import TOKENS, TOKENS_JSON, ApiServer, Proxy, api_env, assert_error
 from tests.support.workers import ROOT
 
@@ -20,7 +20,7 @@ SECRET_TOKEN = "do-not-print-me-0123456789abcdef"
 
 
 def plain_env(tmp: Path, **extra: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    base = test_encryption.bare_environ()
     env = {
         **base,
         "PYTHONPATH": str(ROOT),

@@ -5,18 +5,18 @@ saying so (`enqueue`, the default)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import IO
 
 from tests.doors.test_cli import CLI, _app_env, agent_jobs, status_in_db
+from tests.support import encryption as test_encryption
 from tests.support.waiting import eventually
 
 
 def test_run_on_a_busy_thread_is_refused_or_waits_saying_for_what(tmp_path: Path) -> None:
     env = _app_env(tmp_path)
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")} | env
+    environment = test_encryption.bare_environ() | env
     outputs: list[Path] = []
     files: list[IO[str]] = []
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from sqlalchemy import func, select
 
 from agent_jobs.store import Store
 from agent_jobs.store.schema import events, runs, threads
+from tests.support import encryption as test_encryption
 from tests.support.apps.http import ANSWER
 from tests.support.doors import cli, wait_for
 from tests.support.serve import Api, ApiServer, Stack, api_env, assert_error, open_stack
@@ -300,7 +300,7 @@ def test_enqueue_if_busy_reject_on_the_command_line_exits_2_and_records_nothing(
 @pytest.fixture(scope="module")
 def inline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, Store]]:
     url = f"sqlite:///{tmp_path_factory.mktemp('if-busy-inline') / 'agent_jobs.db'}"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    base = test_encryption.bare_environ()
     env = api_env({**base, "PYTHONPATH": str(ROOT), "AGENT_JOBS_DATABASE_URL": url})
     server = ApiServer(env, "serve-if-busy-inline").start()
     store = Store.from_url(url)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import encryption as test_encryption
 from tests.support.hosts import as_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def interpolate(text: str) -> str:
 
 
 def help_exit_code(command: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env = test_encryption.bare_environ()
     argv = [str(BIN / command[0]), *[interpolate(a) for a in command[1:]], "--help"]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 

@@ -10,7 +10,6 @@ where no worker reads and has reached nothing yet.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from agent_jobs.loop import APPROVALS_AT_ONCE, HISTORY_SELECT, PARALLEL_TOOLS
 from agent_jobs.settings import Settings
 from agent_jobs.store import Store
 from tests.support import apps
+from tests.support import encryption as test_encryption
 from tests.support.doors import wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.services import truncate_all
@@ -87,7 +87,7 @@ def fleet(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fleet]:
 
 
 def drain(pg_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    environment = test_encryption.bare_environ()
     environment |= {
         "AGENT_JOBS_DATABASE_URL": pg_url,
         "AGENT_JOBS_APP": "tests.support.apps:app",

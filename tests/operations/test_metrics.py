@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent_jobs.errors import ConfigurationError
 from agent_jobs.observability import scrape
 from agent_jobs.settings import Settings
+from tests.support import encryption as test_encryption
 from tests.support.cluster import Cluster
 from tests.support.doors import SECRET, approval, signed, wait_for
 from tests.support.redis_server import free_port
@@ -282,7 +283,7 @@ lines = dict(l.rsplit(" ", 1) for l in body.decode().splitlines() if l and l[0] 
 assert lines["agent_jobs_stream_lag_seconds_count"] == "1.0", lines
 assert 0.24 < float(lines["agent_jobs_stream_lag_seconds_sum"]) < 0.26, lines
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env = test_encryption.bare_environ()
     done = subprocess.run(
         [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'none.db'}"],
         env=env,
@@ -313,7 +314,7 @@ ours = (
 loaded = sorted(m for m in sys.modules if m.startswith(ours))
 assert not loaded, loaded
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env = test_encryption.bare_environ()
     url = f"sqlite:///{tmp_path / 'off.db'}"
     done = subprocess.run(
         [sys.executable, "-c", code, url],

@@ -8,7 +8,6 @@ session's own `redis-server`, written as a durable run writes them.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from agent_jobs.store.schema import (
     usage,
 )
 from agent_jobs.streams.base import stream_key
+from tests.support import encryption as test_encryption
 from tests.support.builders import add_run, support_app
 from tests.support.harness import InlineHarness
 from tests.support.redis_server import free_port
@@ -346,7 +346,7 @@ def runner_on_pg(pg_url: str) -> Iterator[InlineRunner]:
 
 
 def agent_jobs(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    environment = test_encryption.bare_environ()
     return subprocess.run(
         [sys.executable, "-m", "agent_jobs.cli", *args],
         cwd=ROOT,

@@ -22,6 +22,7 @@ from agent_jobs import AgentApp
 from agent_jobs.errors import AppLoadError, ToolInputError
 from agent_jobs.loading import load_app
 from agent_jobs.tools import QuestionsAsked, Tool, ToolContext
+from tests.support import encryption as test_encryption
 from tests.support.apps import executed
 from tests.support.harness import Harness
 from tests.support.redis_server import RedisServer
@@ -349,11 +350,9 @@ def write_app(directory: Path, module: str = "myagents") -> None:
 
 
 def bare_env(**extra: str) -> dict[str, str]:
-    """The environment without any AGENT_JOBS_ setting or PYTHONPATH."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_") and k != "PYTHONPATH"
-    }
-    return env | extra
+    """The environment without any AGENT_JOBS_ setting (but the suite's encryption keys)
+    or PYTHONPATH."""
+    return test_encryption.bare_environ(drop=("PYTHONPATH",)) | extra
 
 
 def test_load_app_imports_from_the_current_directory_and_leaves_sys_path_alone(

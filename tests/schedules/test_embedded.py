@@ -5,13 +5,13 @@ its own process."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 
 from tests.schedules.support import APP, EVERY_SECOND, PREFIX, assert_one_run_a_second
+from tests.support import encryption as test_encryption
 from tests.support.serve import ApiServer, api_env
 from tests.support.waiting import eventually
 from tests.support.workers import ROOT
@@ -20,7 +20,7 @@ NIGHTLY = "nightly|latest|30 2 * * *"
 
 
 def embedded_env(tmp: Path, schedules: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    base = test_encryption.bare_environ()
     return {
         **base,
         "PYTHONPATH": str(ROOT),

@@ -6,7 +6,6 @@ so in one line."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
@@ -19,6 +18,7 @@ from agent_jobs.migrations import HEAD
 from agent_jobs.store import Store
 from agent_jobs.store.db import make_engine, upgrade
 from agent_jobs.store.schema import metadata
+from tests.support import encryption as test_encryption
 from tests.support.services import PG_ADMIN_URL, own_database
 from tests.support.workers import ROOT
 
@@ -69,7 +69,7 @@ def revisions(url: str, schema: str) -> list[str]:
 
 
 def db_upgrade(url: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env = test_encryption.bare_environ()
     env.update(AGENT_JOBS_DATABASE_URL=url, PYTHONPATH=str(ROOT))
     return subprocess.run(
         [sys.executable, "-m", "agent_jobs.cli", "db", "upgrade"],

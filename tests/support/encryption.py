@@ -23,3 +23,13 @@ def env() -> dict[str, str]:
     if not enabled():
         return {}
     return {"AGENT_JOBS_ENCRYPTION_KEYS": KEYS_JSON, "AGENT_JOBS_ENCRYPTION_KEY_ID": KEY_ID}
+
+
+def bare_environ(*, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment without any `AGENT_JOBS_` setting (nor the names in
+    `drop`), but with the suite's encryption keys when the switch is on: a process a
+    test starts from a clean slate still reads and seals the suite's runs."""
+    kept = {
+        k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_") and k not in drop
+    }
+    return kept | env()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def service_env(broker_url: str, database_url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_JOBS_")}
+    env = test_encryption.bare_environ()
     env.update(
         AGENT_JOBS_BROKER_URL=broker_url,
         AGENT_JOBS_DATABASE_URL=database_url,
