@@ -23,6 +23,9 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Select,
+    Text,
+    and_,
+    func,
     literal,
     or_,
     select,
@@ -30,6 +33,7 @@ from sqlalchemy import (
     union,
 )
 
+from ..encryption.envelope import TEXT_MARK
 from ..errors import InvalidRequestError
 from ..schedules.spec import PREFIX as SCHEDULE_PREFIX
 from .db import contains_nul
@@ -184,9 +188,12 @@ def _of_schedule(name: str) -> ColumnElement[bool]:
 
 def _search(q: str) -> ColumnElement[bool]:
     """The run with id `q`, or any whose search text holds `q` (any case); `%`, `_` and
-    `\\` in `q` are themselves, not wildcards."""
+    `\\` in `q` are themselves, not wildcards. A sealed run (encryption at rest) is
+    found by its id only: its search text is ciphertext, which a word must not match
+    (`enc`, a data key's id or a letter would otherwise find every sealed run)."""
     escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return or_(runs.c.id == q, SEARCH_TEXT.ilike(f"%{escaped}%", escape="\\"))
+    clear = func.substr(runs.c.input, 1, len(TEXT_MARK), type_=Text) != TEXT_MARK
+    return or_(runs.c.id == q, and_(clear, SEARCH_TEXT.ilike(f"%{escaped}%", escape="\\")))
 
 
 def _check(where: RunFilter) -> None:
