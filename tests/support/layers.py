@@ -121,6 +121,7 @@ MODULES: dict[str, str] = {
     "tests/runs/test_tools.py::test_the_cli_loads_the_app_from_its_working_directory": "processes",
     # browser
     "tests/doors/test_console_page.py": "browser",
+    "tests/doors/test_console_sealed.py": "browser",
     "tests/doors/test_inbox_page.py": "browser",
     "tests/operations/test_flower_page.py": "browser",
 }
