@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from agent_jobs import retention
+from agent_jobs import encryption, retention
+from agent_jobs.encryption.keyring import Keyring, keyring, owner_scope
 from agent_jobs.errors import PayloadBlobError, PayloadTooLargeError
 from agent_jobs.messages import Message
 from agent_jobs.settings import get_settings
@@ -21,6 +22,7 @@ from agent_jobs.store import Store, model_requests, threads
 from agent_jobs.store import blobs as blob_codec
 from agent_jobs.store import journal as journal_rows
 from agent_jobs.store.db import utcnow
+from tests.support import encryption as test_encryption
 
 BIG = "lorem ipsum " * 30_000  # 360,000 bytes: over the 256 KiB inline limit
 
@@ -51,6 +53,20 @@ def journal_done(store: Store, run_id: str, step: str, intent: Any, result: Any)
 def as_stored(store: Store, run_id: str, column: str = "intent") -> str:
     cast = "::text" if store.engine.dialect.name == "postgresql" else ""
     return str(stored(store, f"SELECT {column}{cast} FROM journal WHERE run_id = :r", r=run_id))
+
+
+@pytest.fixture(autouse=True)
+def clear_writes() -> Iterator[None]:
+    """What these tests check is the blob layer's own stored form (references, digests,
+    one blob for one value), so this process writes clear even when the suite runs with
+    encryption on; a sealed value kept apart is the last test's."""
+    encryption.ensure_configured()  # as a store would, first: this keyring then stays
+    ring = keyring()
+    clear = Keyring(ring.masters, None)
+    clear.engines_of(ring)
+    encryption.set_keyring(clear)
+    yield
+    encryption.set_keyring(ring)
 
 
 @pytest.fixture
@@ -257,3 +273,20 @@ def test_the_doors_answer_a_payload_refused_or_unreadable() -> None:
     assert answer_of(too_large) == (413, "PayloadTooLargeError")
     assert answer_of(unreadable) == (500, "PayloadBlobError")
     assert exit_code_of(too_large) == exit_code_of(unreadable) == 2
+
+
+def test_a_sealed_value_is_kept_apart_as_ciphertext_and_read_whole(store: Store) -> None:
+    ring = keyring()
+    encryption.configure(test_encryption.KEYS_JSON, test_encryption.KEY_ID, settings=False)
+    try:
+        with owner_scope(store.engine, "u"):
+            journal_done(store, "r1", "tool:c1", {"type": "invoke_tool"}, {"result": BIG})
+        [(digest, size)] = kept(store).items()
+        blob = stored(store, "SELECT data FROM payload_blobs WHERE sha256 = :d", d=digest)
+        assert size > len(BIG) and b"lorem" not in bytes(blob) and digest != sha(BIG)
+        assert "lorem" not in as_stored(store, "r1", "result")
+        with store.connect() as conn:
+            row = journal_rows.get(conn, "r1", "tool:c1")
+        assert row is not None and row.result == {"result": BIG}
+    finally:
+        encryption.set_keyring(ring)
