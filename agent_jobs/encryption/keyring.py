@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event, select
@@ -34,8 +34,6 @@ from ..store.schema import runs
 from . import envelope
 
 TTL = 60.0  # seconds an opened data key is used before it is read again
-_TOKENS = "agent_jobs.payload_owner"  # a connection's `info`: the owner set in its transaction
-_PENDING = "agent_jobs.new_data_keys"  # keys created in the transaction, kept on commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +146,7 @@ class Keyring:
         ):
             made = DataKey(key_id, actor, secret)
             _listen(conn.engine)
-            conn.info.setdefault(_PENDING, []).append(made)
+            _opened(conn).made.append(made)
             return made
         row = rows.live_key(conn, actor)  # another transaction made it first
         if row is None:
@@ -261,7 +259,7 @@ def own(conn: Connection, actor: str, run_id: str | None = None) -> None:
     key = found.for_actor(conn, actor)
     _listen(conn.engine)
     found.remember(conn.engine)
-    conn.info.setdefault(_TOKENS, []).append(_OWNER.set(key))
+    _opened(conn).tokens.append(_OWNER.set(key))
 
 
 def own_run(conn: Connection, run_id: str) -> None:
@@ -349,19 +347,43 @@ def _listen(engine: Engine) -> None:
     _LISTENING.add(engine)
     event.listen(engine, "commit", _committed)
     event.listen(engine, "rollback", _rolled_back)
-    event.listen(engine, "reset", _reset)
+
+
+@dataclass(slots=True)
+class _Open:
+    """What a transaction set (the owner) and made (data keys), let go or kept at its end."""
+
+    tokens: list[Token[DataKey | None]] = field(default_factory=list)
+    made: list[DataKey] = field(default_factory=list)
+
+
+# By connection, not in its `info`: a connection whose database connection was lost has
+# no `info` left when its rollback is reported, and the owner it set must still be let go
+# (the error the caller sees is then the lost connection's, as without encryption).
+_OPEN: weakref.WeakKeyDictionary[Connection, _Open] = weakref.WeakKeyDictionary()
+_OPEN_LOCK = threading.Lock()
+
+
+def _opened(conn: Connection) -> _Open:
+    with _OPEN_LOCK:
+        found = _OPEN.get(conn)
+        if found is None:
+            found = _OPEN[conn] = _Open()
+        return found
 
 
 def _end(conn: Connection, *, committed: bool) -> None:
-    tokens: list[Token[DataKey | None]] = conn.info.pop(_TOKENS, None) or []
-    for token in reversed(tokens):
+    with _OPEN_LOCK:
+        found = _OPEN.pop(conn, None)
+    if found is None:
+        return
+    for token in reversed(found.tokens):
         try:
             _OWNER.reset(token)
         except ValueError:  # set in another context: that context's value is its own
             _OWNER.set(None)
-    made: list[DataKey] = conn.info.pop(_PENDING, None) or []
     if committed:
-        for key in made:
+        for key in found.made:
             _KEYRING.keep(key, conn.engine)
 
 
@@ -371,8 +393,3 @@ def _committed(conn: Connection) -> None:
 
 def _rolled_back(conn: Connection) -> None:
     _end(conn, committed=False)
-
-
-def _reset(_dbapi: Any, record: Any, _state: Any) -> None:
-    record.info.pop(_TOKENS, None)
-    record.info.pop(_PENDING, None)

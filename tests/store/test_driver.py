@@ -13,9 +13,14 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from agent_jobs import encryption
+from agent_jobs.encryption.keyring import keyring, owner_key
+from agent_jobs.errors import PayloadOwnerError
 from agent_jobs.store import Store, driver, journal, runs
 from agent_jobs.store.db import utcnow
+from agent_jobs.store.payloads import Codecs
 from agent_jobs.store.schema import runs as runs_table
+from tests.support import encryption as test_encryption
 from tests.support.builders import add_run
 from tests.support.services import truncate_all
 from tests.support.waiting import TIMEOUT
@@ -168,7 +173,20 @@ def test_a_write_sent_later_that_fails_fails_the_whole_transaction(pg: Store) ->
         assert len(journal.load_for_replay(conn, "r1")) == 2
 
 
-def test_a_connection_lost_mid_transaction_is_invalidated_like_sqlalchemys(pg: Store) -> None:
+@pytest.fixture(params=["clear", "sealed"])
+def sealing(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """This process as the settings have it, or sealing with the suite's master key."""
+    before, ring = Codecs.installed, keyring()
+    if request.param == "sealed":
+        encryption.configure(test_encryption.KEYS_JSON, test_encryption.KEY_ID, settings=False)
+    yield keyring().encrypting
+    Codecs.installed = before
+    encryption.set_keyring(ring)
+
+
+def test_a_connection_lost_mid_transaction_is_invalidated_like_sqlalchemys(
+    sealing: bool, pg: Store
+) -> None:
     _run(pg)
     with pytest.raises(DBAPIError) as lost, pg.begin() as conn:
         runs.lock_and_touch(conn, "r1")
@@ -182,6 +200,9 @@ def test_a_connection_lost_mid_transaction_is_invalidated_like_sqlalchemys(pg: S
             assert ended == (True,), f"backend {pid} did not exit"
         journal.load_for_replay(conn, "r1")
     assert lost.value.connection_invalidated
+    if sealing:  # the owner the lost transaction set is let go with it
+        with pytest.raises(PayloadOwnerError):
+            owner_key()
     with pg.begin() as conn:  # the pool gave a new connection
         assert runs.lock_and_touch(conn, "r1") is not None
 
