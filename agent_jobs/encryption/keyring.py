@@ -179,9 +179,13 @@ class Keyring:
 
     def _read(self, key_id: str) -> Any | None:
         """The key's row, on a connection of its own (the reader's may be in the middle
-        of a result): from the newest engine that has it."""
+        of a result): from the engine being read (`reading`), else the newest that has it.
+        The reader's engine first: each engine asked takes a connection of its pool."""
         with self._lock:
             engines = [e for e in (r() for r in reversed(self._engines)) if e is not None]
+        first = _READING.get()
+        if first is not None:
+            engines = [first, *(e for e in engines if e is not first)]
         failure: Exception | None = None
         for engine in engines:
             try:
@@ -200,6 +204,8 @@ class Keyring:
 
 
 _OWNER: ContextVar[DataKey | None] = ContextVar("agent_jobs_payload_owner", default=None)
+# The engine a store block reads from: where a key it has not opened is looked for first.
+_READING: ContextVar[Engine | None] = ContextVar("agent_jobs_reading_engine", default=None)
 # Reads that show a forgotten actor's payloads as FORGOTTEN instead of failing: the runs
 # list, so that a forgotten actor's runs stay listed with their ids and statuses.
 _SHOW_FORGOTTEN: ContextVar[bool] = ContextVar("agent_jobs_show_forgotten", default=False)
@@ -312,6 +318,16 @@ def owns(conn: Connection, run_id: str | None, thread_id: str | None = None) -> 
 # The actors of runs this process wrote for (a run's actor never changes).
 _ACTORS: dict[str, str] = {}
 _ACTORS_KEPT = 10_000
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[None]:
+    """The payloads read in this block are `engine`'s: their keys are looked for there."""
+    token = _READING.set(engine)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
 
 
 @contextmanager

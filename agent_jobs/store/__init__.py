@@ -11,7 +11,7 @@ from pydantic import SecretStr
 from sqlalchemy import Connection, Engine
 
 from .. import encryption
-from ..encryption.keyring import forgotten_shown
+from ..encryption.keyring import forgotten_shown, reading
 from ..errors import UnknownRunError
 from ..messages import Message
 from . import journal, questions, runs, threads, toolcalls, usage
@@ -55,13 +55,16 @@ class Store:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
+        with self.engine.begin() as conn, reading(self.engine):
             yield conn
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:
         """A connection for reads (what it writes is rolled back when it closes)."""
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        with (
+            self.engine.connect().execution_options(**{READ_ONLY: True}) as conn,
+            reading(self.engine),
+        ):
             yield conn
 
     # --- reads -------------------------------------------------------------------------

@@ -92,6 +92,7 @@ MODULES: dict[str, str] = {
     "tests/docs/test_signing_examples.py": "services",
     # services: a database or Redis server of the module's own
     "tests/operations/test_notifications.py": "services",
+    "tests/store/test_data_keys.py": "services",
     "tests/store/test_schema_layout.py": "services",
     "tests/flow/test_rate_limits_buckets.py": "services",
     "tests/operations/test_compose.py::"
