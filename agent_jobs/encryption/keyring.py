@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, event, select
 
 from ..errors import PayloadForgottenError, PayloadKeyError, PayloadOwnerError
 from ..store import data_keys as rows
-from ..store.db import schema_of
+from ..store.db import READ_ONLY, schema_of
 from ..store.schema import runs
 from . import envelope
 
@@ -189,7 +189,9 @@ class Keyring:
         failure: Exception | None = None
         for engine in engines:
             try:
-                with engine.connect() as conn:
+                # Read-only: on SQLite a writing block takes the write lock at BEGIN,
+                # and the reader's own may hold it (it would wait on itself).
+                with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
                     row = rows.by_id(conn, key_id)
             except Exception as exc:  # a store since closed: the next one may have it
                 failure = exc

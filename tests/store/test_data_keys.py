@@ -10,7 +10,7 @@ import pytest
 
 from agent_jobs import encryption
 from agent_jobs.encryption.keyring import keyring
-from agent_jobs.store import Store
+from agent_jobs.store import Store, runs
 from agent_jobs.store.payloads import Codecs
 from tests.support import encryption as test_encryption
 from tests.support.builders import add_run
@@ -39,3 +39,18 @@ def test_a_key_not_opened_is_read_from_the_store_being_read_alone(sealing: None)
         finally:
             read.engine.dispose()
             other.engine.dispose()
+
+
+def test_a_writing_block_reads_a_key_it_has_not_opened_on_sqlite(
+    sealing: None, sqlite_url: str
+) -> None:
+    """The key is read beside a transaction that holds SQLite's write lock."""
+    store = Store.from_url(sqlite_url)
+    try:
+        add_run(store, "r1")
+        keyring().drop_all()
+        with store.begin() as conn:
+            row = runs.get_run(conn, "r1")
+        assert row is not None and row.input == "x"
+    finally:
+        store.engine.dispose()
