@@ -52,6 +52,17 @@ PAYLOAD_TABLES = (
 )
 
 
+@pytest.fixture(autouse=True)
+def keys_kept() -> Iterator[None]:
+    """Each test leaves this process's keys as it found them (the tests that turn them
+    off or change them would otherwise leave the next module's stores unsealed)."""
+    encryption.ensure_configured()
+    before, ring = Codecs.installed, keyring()
+    yield
+    Codecs.installed = before
+    encryption.set_keyring(ring)
+
+
 @pytest.fixture
 def sealed() -> Iterator[None]:
     """This process seals with the test's master key; as before afterwards."""
