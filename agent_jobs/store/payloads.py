@@ -83,9 +83,7 @@ class Payload(TypeDecorator[Any]):
         return dialect.type_descriptor(JSON())
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        if value is None or not Codecs.installed:
-            return value
-        return Codecs.encode_json(value)
+        return stored(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         if value is None or not Codecs.installed:
